@@ -1,0 +1,229 @@
+"""The typed job config: one dataclass section per playbook decision.
+
+Every field carries a one-line doc in its metadata (``doc(...)``); `tests/test_config.py`
+fails if one is missing, and `python -m pretrain.config --describe` prints them. Field
+names follow megatron-core / Megatron-LM where one exists so Megatron users recognise them.
+Values that follow from others (DP size, padded vocab, FFN width, iterations from a token
+budget, ...) are never typed by hand: `derive.py` computes them into `JobConfig.derived`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+def doc(default: Any, text: str, *, factory: Any = None) -> Any:
+    """A dataclass field with its one-line documentation."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass
+class ModelConfig:
+    arch: str = doc("gpt", "Architecture family: 'gpt' (GPT-2/3) or 'llama'; the HF export target follows it.")
+    num_layers: int = doc(MISSING, "Number of transformer layers.")
+    hidden_size: int = doc(MISSING, "Model width d_model.")
+    num_attention_heads: int = doc(MISSING, "Number of query attention heads.")
+    num_query_groups: Optional[int] = doc(None, "Key/value heads for GQA; null means multi-head attention (= heads).")
+    kv_channels: Optional[int] = doc(None, "Per-head dimension; null means hidden_size / num_attention_heads.")
+    ffn_hidden_size: Optional[int] = doc(None, "MLP width; null derives 4*h (GELU) or 8h/3 rounded up to ffn_multiple_of (SwiGLU).")
+    ffn_multiple_of: int = doc(256, "Rounding multiple for the derived SwiGLU FFN width (Llama convention).")
+    seq_length: int = doc(MISSING, "Training sequence length in tokens.")
+    max_position_embeddings: Optional[int] = doc(None, "Position table size / RoPE limit; null means seq_length.")
+    position_embedding_type: str = doc("learned_absolute", "'learned_absolute' (GPT) or 'rope' (Llama).")
+    rotary_base: int = doc(10000, "RoPE theta.")
+    rotary_percent: float = doc(1.0, "Fraction of each head's dimensions that RoPE rotates.")
+    normalization: str = doc("LayerNorm", "'LayerNorm' or 'RMSNorm'.")
+    layernorm_epsilon: float = doc(1e-5, "Epsilon of every norm layer.")
+    activation: str = doc("gelu", "MLP activation: 'gelu' or 'swiglu' (gated, two fc1 projections).")
+    add_bias_linear: bool = doc(True, "Biases in all linear layers (GPT: true, Llama: false).")
+    untie_embeddings_and_output_weights: bool = doc(False, "Separate output layer instead of reusing the input embedding.")
+    vocab_size: int = doc(MISSING, "Tokenizer vocabulary size before padding (must be >= the tokenizer's).")
+    make_vocab_size_divisible_by: int = doc(128, "Pad the vocab to a multiple of this times TP (Megatron convention).")
+    init_method_std: float = doc(0.02, "Std of the normal init of weights.")
+    scaled_output_init: bool = doc(True, "Init output projections with std/sqrt(2*num_layers) (GPT-2 scaled init).")
+    hidden_dropout: float = doc(0.0, "Dropout after attention/MLP outputs.")
+    attention_dropout: float = doc(0.0, "Dropout on attention probabilities.")
+    qk_layernorm: bool = doc(False, "Normalise queries and keys before the dot product (stability).")
+    attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best available.")
+    transformer_impl: str = doc("auto", "Layer spec: 'local' (megatron-core modules), 'transformer_engine', or 'auto' (TE when importable).")
+
+
+@dataclass
+class PrecisionConfig:
+    fp16: bool = doc(False, "fp16 params/activations with dynamic loss scaling; excludes bf16.")
+    bf16: bool = doc(False, "bf16 params/activations with fp32 main params and grads in the optimizer.")
+    loss_scale: Optional[float] = doc(None, "Static fp16 loss scale; null means dynamic loss scaling.")
+    initial_loss_scale: float = doc(2.0**32, "Starting value of the dynamic fp16 loss scale.")
+    min_loss_scale: float = doc(1.0, "Floor of the dynamic fp16 loss scale.")
+    loss_scale_window: int = doc(1000, "Overflow-free steps before the dynamic loss scale doubles.")
+    hysteresis: int = doc(2, "Overflows tolerated before the dynamic loss scale halves.")
+    grad_reduce_in_fp32: bool = doc(True, "Accumulate and all-reduce gradients in fp32 (4 bytes/param) under bf16/fp16.")
+    attention_softmax_in_fp32: bool = doc(True, "Compute attention softmax in fp32 under bf16/fp16.")
+
+
+@dataclass
+class ParallelConfig:
+    engine: str = doc("megatron", "Training engine: 'megatron' (megatron-core) or 'deepspeed'.")
+    tensor_model_parallel_size: int = doc(1, "TP degree: shards attention heads and MLP columns.")
+    pipeline_model_parallel_size: int = doc(1, "PP degree: splits layers into stages (1F1B schedule).")
+    virtual_pipeline_model_parallel_size: Optional[int] = doc(None, "Model chunks per PP stage for the interleaved schedule; null disables.")
+    num_layers_in_first_pipeline_stage: Optional[int] = doc(None, "Uneven PP split: layers on the first stage (rest split evenly).")
+    num_layers_in_last_pipeline_stage: Optional[int] = doc(None, "Uneven PP split: layers on the last stage (rest split evenly).")
+    context_parallel_size: int = doc(1, "CP degree: splits the sequence across ranks in attention.")
+    sequence_parallel: bool = doc(False, "Shard norm/dropout activations along the sequence over TP ranks (needs TP>1).")
+    use_distributed_optimizer: bool = doc(False, "Shard optimizer states over DP ranks (ZeRO-1) in megatron-core.")
+    overlap_grad_reduce: bool = doc(False, "Overlap the DP gradient reduce with backward compute.")
+    overlap_param_gather: bool = doc(False, "Overlap the distributed-optimizer param all-gather with forward.")
+    recompute_granularity: Optional[str] = doc(None, "Activation checkpointing: null, 'selective' (core attention) or 'full'.")
+    recompute_method: str = doc("uniform", "For full recompute: 'uniform' (groups of layers) or 'block' (first N layers).")
+    recompute_num_layers: int = doc(1, "For full recompute: layers per group (uniform) or layers recomputed (block).")
+    zero_stage: int = doc(0, "DeepSpeed ZeRO stage 0-3 (engine=deepspeed only).")
+    offload_optimizer: bool = doc(False, "DeepSpeed: keep optimizer states on CPU (ZeRO>=1).")
+    offload_param: bool = doc(False, "DeepSpeed: keep parameters on CPU (ZeRO-3 only).")
+    ds_config_template: Optional[str] = doc(None, "DeepSpeed JSON template; null picks ds_configs/ by zero_stage and offload.")
+
+
+@dataclass
+class OptimConfig:
+    name: str = doc("adamw", "Optimizer: 'adamw', 'adafactor' or 'lion'.")
+    lr: float = doc(MISSING, "Peak learning rate.")
+    min_lr: float = doc(0.0, "Learning rate at the end of decay (GPT-3: 10% of lr).")
+    weight_decay: float = doc(0.1, "Decoupled weight decay.")
+    adam_beta1: float = doc(0.9, "First-moment decay (AdamW, Lion beta1).")
+    adam_beta2: float = doc(0.95, "Second-moment decay (AdamW, Lion beta2).")
+    adam_eps: float = doc(1e-8, "AdamW epsilon.")
+    clip_grad: float = doc(1.0, "Clip gradients to this global L2 norm; 0 disables.")
+    no_weight_decay_on: list[str] = doc(None, "Parameter kinds exempt from weight decay: any of 'bias', 'norm', 'embedding'.",
+                                        factory=lambda: ["bias", "norm"])
+
+
+@dataclass
+class ScheduleConfig:
+    lr_decay_style: str = doc("cosine", "'cosine', 'linear', 'wsd' (warmup-stable-decay) or 'constant'.")
+    unit: str = doc("steps", "Unit of warmup/decay/train lengths below: 'steps' or 'tokens'.")
+    lr_warmup: int = doc(0, "Linear warmup length from 0 to lr.")
+    lr_decay: Optional[int] = doc(None, "Length of warmup+decay to min_lr; null means the whole run.")
+    lr_wsd_decay: int = doc(0, "WSD: length of the final decay phase.")
+    lr_wsd_decay_style: str = doc("linear", "WSD decay shape: 'linear', 'cosine' or 'exponential'.")
+    train_iters: Optional[int] = doc(None, "Optimizer steps to train; exclusive with train_tokens.")
+    train_tokens: Optional[int] = doc(None, "Token budget; iterations derived through the batch ramp.")
+
+
+@dataclass
+class BatchConfig:
+    micro_batch_size: int = doc(MISSING, "Sequences per rank per forward/backward.")
+    global_batch_size: int = doc(MISSING, "Sequences per optimizer step after the ramp.")
+    ramp_start: Optional[int] = doc(None, "Global batch at step 0 when ramping (Megatron --rampup-batch-size start); null: no ramp.")
+    ramp_increment: int = doc(0, "Global batch increment per ramp stage.")
+    ramp_over: int = doc(0, "Consumed amount over which the ramp runs, in ramp_unit.")
+    ramp_unit: str = doc("samples", "Unit of ramp_over: 'samples' or 'tokens'.")
+
+
+@dataclass
+class TokenizerConfig:
+    type: str = doc("gpt2", "'gpt2' (vocab.json+merges.txt dir), 'hf' (tokenizer dir/json) or 'sentencepiece' (.model).")
+    path: Optional[str] = doc(None, "Tokenizer file or directory; null only for plans and mock data.")
+
+
+@dataclass
+class DataConfig:
+    blend: Optional[str] = doc(None, "Data-mix file from preprocessing (per-split paths and weights); null means mock data.")
+    mock: bool = doc(False, "Train on megatron-core's synthetic tokens (throughput tests only).")
+    tokenizer: TokenizerConfig = doc(None, "Tokenizer used for the data (and saved with exports).", factory=TokenizerConfig)
+    cache_dir: Optional[str] = doc(None, "Where GPTDataset index caches live; null means <blend dir>/cache.")
+    num_workers: int = doc(1, "DataLoader worker processes per rank.")
+    preprocess: str = doc("demo", "Preprocessing pipeline config that produces the blend (preprocessing/conf/<name>.yaml).")
+
+
+@dataclass
+class CheckpointConfig:
+    save_interval: int = doc(1000, "Save every N steps (and at the end); 0 saves only at the end.")
+    dir: Optional[str] = doc(None, "Checkpoint directory; null means <run_dir>/checkpoints.")
+    load: Optional[str] = doc(None, "Checkpoint dir to initialise from; null resumes from dir's latest if present.")
+    keep_last: int = doc(3, "Keep the newest N checkpoints (0 keeps all).")
+    format: str = doc("torch_dist", "megatron-core dist_checkpointing backend.")
+    distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' or 'dp_reshardable'.")
+    async_save: bool = doc(False, "Write checkpoints in the background.")
+
+
+@dataclass
+class LoggingConfig:
+    log_interval: int = doc(10, "Steps between metric lines, TensorBoard points and metrics.jsonl records.")
+    tensorboard: bool = doc(True, "Write TensorBoard events to <run_dir>/tensorboard.")
+    log_memory: bool = doc(True, "Log max allocated GPU memory (RSS on CPU).")
+
+
+@dataclass
+class EvalConfig:
+    eval_interval: int = doc(1000, "Steps between validation runs; 0 disables in-loop validation.")
+    eval_iters: int = doc(10, "Batches per validation run.")
+    final_test: bool = doc(True, "Report test-split perplexity at the end of training.")
+
+
+@dataclass
+class ProfileConfig:
+    steps: list[int] = doc(None, "Profile steps [start, end] with torch.profiler into <run_dir>/profile; empty disables.",
+                           factory=list)
+
+
+@dataclass
+class ClusterConfig:
+    name: str = doc("local", "Cluster profile name (conf/cluster/<name>.yaml).")
+    launcher: str = doc("local", "'local' (torchrun here), 'srun' (one task per GPU) or 'srun-torchrun' (one task per node).")
+    nodes: int = doc(1, "Nodes in the job.")
+    devices_per_node: int = doc(1, "GPUs per node (CPU ranks per node when running without GPUs).")
+    gpu_type: str = doc("H100-SXM", "Accelerator model; picks the peak TFLOP/s for MFU (pretrain/plan/hardware.py).")
+    partition: Optional[str] = doc(None, "SLURM partition.")
+    account: Optional[str] = doc(None, "SLURM account.")
+    qos: Optional[str] = doc(None, "SLURM QOS.")
+    cpus_per_task: Optional[int] = doc(None, "SLURM --cpus-per-task.")
+    mem: Optional[str] = doc(None, "SLURM --mem (e.g. '0' for all).")
+    time: str = doc("04:00:00", "SLURM time limit.")
+    exclusive: bool = doc(True, "Ask for whole nodes.")
+    constraint: Optional[str] = doc(None, "SLURM --constraint.")
+    exclude: list[str] = doc(None, "Hosts never to use.", factory=list)
+    setup: list[str] = doc(None, "Shell lines run before launch (modules, container); trusted cluster config.", factory=list)
+    env: dict[str, str] = doc(None, "Environment variables for every rank (NCCL settings, ...).", factory=dict)
+    signal_lead_s: int = doc(300, "Seconds before the time limit when SLURM sends USR1 to checkpoint and requeue.")
+    max_restarts: int = doc(10, "Requeue at most this many times.")
+
+
+@dataclass
+class DerivedConfig:
+    """Filled by derive.py; any value typed here by hand is overwritten."""
+    world_size: int = doc(0, "nodes * devices_per_node.")
+    data_parallel_size: int = doc(0, "world_size / (TP * PP * CP).")
+    padded_vocab_size: int = doc(0, "vocab_size padded to make_vocab_size_divisible_by * TP.")
+    ffn_hidden_size: int = doc(0, "MLP width used.")
+    kv_channels: int = doc(0, "Per-head dimension used.")
+    num_query_groups: int = doc(0, "KV heads used.")
+    max_position_embeddings: int = doc(0, "Position limit used.")
+    num_microbatches: int = doc(0, "Micro-batches per rank per step after the ramp (gradient accumulation).")
+    tokens_per_step: int = doc(0, "Tokens per optimizer step after the ramp.")
+    train_iters: int = doc(0, "Optimizer steps of the run.")
+    train_tokens: int = doc(0, "Tokens the run consumes.")
+    ramp_batch_sizes: list[int] = doc(None, "Every global batch size the ramp passes through.", factory=list)
+
+
+@dataclass
+class JobConfig:
+    name: str = doc(MISSING, "Run name; the recipe name unless overridden.")
+    seed: int = doc(1234, "Seed for init, data order and dropout.")
+    run_dir: str = doc("runs/${name}", "Directory for logs, config, checkpoints and metrics.")
+    model: ModelConfig = doc(None, "Model shape and layer choices.", factory=ModelConfig)
+    precision: PrecisionConfig = doc(None, "Numeric precision.", factory=PrecisionConfig)
+    parallel: ParallelConfig = doc(None, "Engine and parallel layout.", factory=ParallelConfig)
+    optim: OptimConfig = doc(None, "Optimizer.", factory=OptimConfig)
+    schedule: ScheduleConfig = doc(None, "LR schedule and run length.", factory=ScheduleConfig)
+    batch: BatchConfig = doc(None, "Batch sizes and ramp.", factory=BatchConfig)
+    data: DataConfig = doc(None, "Data mix and tokenizer.", factory=DataConfig)
+    checkpoint: CheckpointConfig = doc(None, "Checkpointing.", factory=CheckpointConfig)
+    logging: LoggingConfig = doc(None, "Metrics and TensorBoard.", factory=LoggingConfig)
+    eval: EvalConfig = doc(None, "Validation and test evaluation.", factory=EvalConfig)
+    profile: ProfileConfig = doc(None, "torch.profiler capture.", factory=ProfileConfig)
+    cluster: ClusterConfig = doc(None, "Where and how the job runs.", factory=ClusterConfig)
+    derived: DerivedConfig = doc(None, "Values computed from the above (read-only).", factory=DerivedConfig)

@@ -1,0 +1,190 @@
+"""Compose-time validation: every rule names the field, the values and a fix.
+
+All problems are collected and raised together as one ConfigError, so a user fixes a
+recipe in one round trip, before anything reaches a cluster.
+"""
+from __future__ import annotations
+
+from .derive import batch_ramp
+from .schema import JobConfig
+
+CHOICES = {
+    "model.arch": ("gpt", "llama"),
+    "model.position_embedding_type": ("learned_absolute", "rope"),
+    "model.normalization": ("LayerNorm", "RMSNorm"),
+    "model.activation": ("gelu", "swiglu"),
+    "model.attention_backend": ("auto", "flash", "fused", "unfused", "local"),
+    "model.transformer_impl": ("auto", "local", "transformer_engine"),
+    "parallel.engine": ("megatron", "deepspeed"),
+    "parallel.recompute_granularity": (None, "selective", "full"),
+    "parallel.recompute_method": ("uniform", "block"),
+    "optim.name": ("adamw", "adafactor", "lion"),
+    "schedule.lr_decay_style": ("cosine", "linear", "wsd", "constant"),
+    "schedule.unit": ("steps", "tokens"),
+    "schedule.lr_wsd_decay_style": ("linear", "cosine", "exponential"),
+    "batch.ramp_unit": ("samples", "tokens"),
+    "data.tokenizer.type": ("gpt2", "hf", "sentencepiece"),
+    "checkpoint.distrib_optim_sharding_type": ("fully_reshardable", "dp_reshardable"),
+    "cluster.launcher": ("local", "srun", "srun-torchrun"),
+}
+NO_DECAY_KINDS = ("bias", "norm", "embedding")
+
+
+class ConfigError(ValueError):
+    """A recipe that cannot run; the message lists every problem with its fix."""
+
+    def __init__(self, problems: list[str], source: str = "config"):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
+
+
+def _get(cfg: JobConfig, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def pipeline_stage_layers(num_layers: int, pp: int, first: int | None, last: int | None) -> list[int]:
+    """Layers per PP stage, honouring an explicit uneven first/last stage."""
+    middle_stages = pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    if middle_stages <= 0:
+        per = 0 if rest == 0 else -1
+    else:
+        per = rest // middle_stages if rest % middle_stages == 0 else -1
+    layers = [per] * pp
+    if first is not None:
+        layers[0] = first
+    if last is not None:
+        layers[-1] = last
+    return layers
+
+
+def validate(cfg: JobConfig) -> None:
+    problems: list[str] = []
+    add = problems.append
+    m, p, b, s, o = cfg.model, cfg.parallel, cfg.batch, cfg.schedule, cfg.optim
+
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            add(f"{key}={value!r} is not one of {list(allowed)}. Fix: pick one of those.")
+    for kind in o.no_weight_decay_on:
+        if kind not in NO_DECAY_KINDS:
+            add(f"optim.no_weight_decay_on has {kind!r}; allowed {list(NO_DECAY_KINDS)}.")
+
+    # Precision
+    if cfg.precision.fp16 and cfg.precision.bf16:
+        add("precision.fp16=true and precision.bf16=true are exclusive. Fix: use precision=fp16 or precision=bf16.")
+
+    # Shapes
+    tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        if getattr(p, key) < 1:
+            add(f"parallel.{key}={getattr(p, key)} must be >= 1.")
+    if min(tp, pp, cp) < 1:
+        raise ConfigError(problems)
+    heads = m.num_attention_heads
+    groups = m.num_query_groups or heads
+    if m.kv_channels is None and m.hidden_size % heads:
+        add(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads={heads}. "
+            "Fix: change either, or set model.kv_channels explicitly.")
+    if heads % groups:
+        add(f"model.num_attention_heads={heads} is not divisible by model.num_query_groups={groups}. "
+            "Fix: choose query groups that divide the heads.")
+    if heads % tp:
+        add(f"parallel.tensor_model_parallel_size={tp} does not divide model.num_attention_heads={heads}. "
+            f"Fix: use a TP that divides {heads}.")
+    if groups % tp:
+        add(f"parallel.tensor_model_parallel_size={tp} does not divide model.num_query_groups={groups}. "
+            f"Fix: use TP <= and dividing {groups}, or more query groups.")
+    seq_limit = m.max_position_embeddings or m.seq_length
+    if m.seq_length > seq_limit:
+        add(f"model.seq_length={m.seq_length} exceeds model.max_position_embeddings={seq_limit}. "
+            "Fix: shorten seq_length or raise max_position_embeddings.")
+    if m.normalization == "LayerNorm" and m.arch == "llama":
+        add("model.arch=llama with model.normalization=LayerNorm: the Llama export expects RMSNorm. Fix: use RMSNorm or arch=gpt.")
+
+    # Pipeline split
+    stages = pipeline_stage_layers(m.num_layers, pp, p.num_layers_in_first_pipeline_stage,
+                                   p.num_layers_in_last_pipeline_stage)
+    if pp == 1 and (p.num_layers_in_first_pipeline_stage or p.num_layers_in_last_pipeline_stage):
+        add("parallel.num_layers_in_first/last_pipeline_stage set with pipeline_model_parallel_size=1. Fix: unset them.")
+    elif min(stages) <= 0 or sum(stages) != m.num_layers:
+        add(f"parallel.pipeline_model_parallel_size={pp} does not split model.num_layers={m.num_layers} "
+            f"(stages would get {stages}). Fix: a PP that divides the layers, or set "
+            "parallel.num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage so the rest divide evenly.")
+    vpp = p.virtual_pipeline_model_parallel_size
+    if vpp is not None:
+        if pp < 2:
+            add(f"parallel.virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size>1 (is {pp}).")
+        elif min(stages) > 0 and any(n % vpp for n in stages):
+            add(f"parallel.virtual_pipeline_model_parallel_size={vpp} does not divide the layers per stage {stages}.")
+
+    # World and batch
+    world = cfg.cluster.nodes * cfg.cluster.devices_per_node
+    if world % (tp * pp * cp):
+        add(f"world size {world} (cluster.nodes={cfg.cluster.nodes} x cluster.devices_per_node="
+            f"{cfg.cluster.devices_per_node}) is not divisible by TP*PP*CP={tp}*{pp}*{cp}={tp * pp * cp}. "
+            "Fix: change the node count or the parallel degrees.")
+    else:
+        dp = world // (tp * pp * cp)
+        unit = b.micro_batch_size * dp
+        ramp_ok = True
+        if b.ramp_start is not None:
+            ramp_ok = False
+            if b.ramp_increment <= 0 or b.ramp_over <= 0:
+                add(f"batch.ramp_start={b.ramp_start} needs batch.ramp_increment>0 and batch.ramp_over>0 "
+                    f"(are {b.ramp_increment}, {b.ramp_over}).")
+            elif b.ramp_start > b.global_batch_size or (b.global_batch_size - b.ramp_start) % b.ramp_increment:
+                add(f"batch ramp {b.ramp_start} -> {b.global_batch_size} in steps of {b.ramp_increment} does not land "
+                    "on global_batch_size. Fix: (global_batch_size - ramp_start) must be a multiple of ramp_increment.")
+            else:
+                ramp_ok = True
+        sizes = batch_ramp(cfg).sizes() if ramp_ok else [b.global_batch_size]
+        bad = [size for size in sizes if size % unit]
+        if bad:
+            add(f"global batch {bad[:5]} (batch.global_batch_size / ramp) not divisible by batch.micro_batch_size="
+                f"{b.micro_batch_size} x data-parallel size {dp} = {unit}. Fix: make every ramp size a multiple of {unit}.")
+    if p.sequence_parallel and tp == 1:
+        add("parallel.sequence_parallel=true requires parallel.tensor_model_parallel_size>1. Fix: set TP>1 or sequence_parallel=false.")
+    if cp > 1 and m.transformer_impl != "transformer_engine":
+        add(f"parallel.context_parallel_size={cp} needs model.transformer_impl=transformer_engine (megatron-core's CP attention is TE's).")
+    if p.recompute_granularity == "full" and min(stages) > 0 and p.recompute_num_layers > max(stages):
+        add(f"parallel.recompute_num_layers={p.recompute_num_layers} exceeds the layers per pipeline stage {max(stages)}.")
+
+    # Engines
+    if p.engine == "deepspeed":
+        if p.zero_stage not in (0, 1, 2, 3):
+            add(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3.")
+        if p.zero_stage >= 2 and pp > 1:
+            add(f"parallel.zero_stage={p.zero_stage} with pipeline_model_parallel_size={pp}: DeepSpeed does not combine "
+                "ZeRO-2/3 with pipeline parallelism. Fix: zero_stage<=1 or PP=1.")
+        if p.use_distributed_optimizer:
+            add("parallel.use_distributed_optimizer is the megatron engine's ZeRO-1. Fix: with engine=deepspeed use zero_stage=1.")
+        if p.offload_optimizer and p.zero_stage < 1:
+            add("parallel.offload_optimizer=true needs parallel.zero_stage>=1.")
+        if p.offload_param and p.zero_stage != 3:
+            add("parallel.offload_param=true needs parallel.zero_stage=3.")
+    elif p.zero_stage or p.offload_optimizer or p.offload_param or p.ds_config_template:
+        add("parallel.zero_stage/offload_*/ds_config_template are DeepSpeed settings but parallel.engine=megatron. "
+            "Fix: set parallel.engine=deepspeed, or use parallel.use_distributed_optimizer=true for ZeRO-1 on megatron-core.")
+
+    # Optimizer and schedule
+    if o.min_lr > o.lr:
+        add(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}.")
+    if (s.train_iters is None) == (s.train_tokens is None):
+        add("exactly one of schedule.train_iters and schedule.train_tokens must be set "
+            f"(are {s.train_iters}, {s.train_tokens}).")
+    if s.lr_decay is not None and s.lr_warmup > s.lr_decay:
+        add(f"schedule.lr_warmup={s.lr_warmup} exceeds schedule.lr_decay={s.lr_decay}.")
+    if s.lr_decay_style == "wsd" and s.lr_wsd_decay <= 0:
+        add("schedule.lr_decay_style=wsd needs schedule.lr_wsd_decay>0 (length of the final decay).")
+    if cfg.profile.steps and (len(cfg.profile.steps) != 2 or cfg.profile.steps[0] > cfg.profile.steps[1]):
+        add(f"profile.steps={cfg.profile.steps} must be [start, end] with start <= end.")
+    if cfg.logging.log_interval < 1:
+        add(f"logging.log_interval={cfg.logging.log_interval} must be >= 1.")
+    if problems:
+        raise ConfigError(problems)

@@ -1,0 +1,103 @@
+"""JobConfig -> megatron-core TransformerConfig and GPTModel (one PP stage / VP chunk)."""
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
+from megatron.core.utils import init_method_normal
+
+from ...config.schema import JobConfig
+
+
+def has_transformer_engine() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def params_dtype(cfg: JobConfig) -> torch.dtype:
+    return torch.bfloat16 if cfg.precision.bf16 else torch.float16 if cfg.precision.fp16 else torch.float32
+
+
+def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> TransformerConfig:
+    m, p, d, pr = cfg.model, cfg.parallel, cfg.derived, cfg.precision
+    on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
+    dtype = params_dtype(cfg)
+    backend = m.attention_backend
+    if not on_gpu and backend in ("auto", "flash", "fused"):
+        backend = "local"   # flash/fused kernels are CUDA-only; 'local' is megatron-core's torch path
+    kwargs = dict(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=d.num_query_groups,
+        kv_channels=d.kv_channels,
+        ffn_hidden_size=d.ffn_hidden_size,
+        normalization=m.normalization,
+        layernorm_epsilon=m.layernorm_epsilon,
+        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
+        gated_linear_unit=m.activation == "swiglu",
+        add_bias_linear=m.add_bias_linear,
+        init_method_std=m.init_method_std,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        qk_layernorm=m.qk_layernorm,
+        attention_backend=AttnBackend[backend],
+        attention_softmax_in_fp32=pr.attention_softmax_in_fp32,
+        apply_query_key_layer_scaling=False,
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
+        num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
+        context_parallel_size=p.context_parallel_size,
+        sequence_parallel=p.sequence_parallel,
+        recompute_granularity=p.recompute_granularity,
+        recompute_method=p.recompute_method if p.recompute_granularity == "full" else None,
+        recompute_num_layers=p.recompute_num_layers if p.recompute_granularity == "full" else None,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=pr.bf16,
+        fp16=pr.fp16,
+        use_cpu_initialization=not on_gpu,
+        # Fusions need CUDA kernels (apex/TE/triton); on GPU megatron-core enables what it has.
+        bias_activation_fusion=on_gpu and m.activation == "gelu" and m.add_bias_linear,
+        masked_softmax_fusion=on_gpu,
+        bias_dropout_fusion=on_gpu,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+    )
+    if not m.scaled_output_init:
+        kwargs["output_layer_init_method"] = init_method_normal(m.init_method_std)
+    return TransformerConfig(**kwargs)
+
+
+def layer_spec(cfg: JobConfig):
+    impl = cfg.model.transformer_impl
+    if impl == "transformer_engine" or (impl == "auto" and has_transformer_engine() and torch.cuda.is_available()):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=cfg.model.qk_layernorm)
+    return get_gpt_layer_local_spec(qk_layernorm=cfg.model.qk_layernorm, normalization=cfg.model.normalization)
+
+
+def build_gpt_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: bool = True,
+                    post_process: bool = True, vp_stage: Optional[int] = None) -> GPTModel:
+    m, d = cfg.model, cfg.derived
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(cfg),
+        vocab_size=d.padded_vocab_size,
+        max_sequence_length=d.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
+        position_embedding_type=m.position_embedding_type,
+        rotary_percent=m.rotary_percent,
+        rotary_base=m.rotary_base,
+        vp_stage=vp_stage,
+    )

@@ -1,0 +1,69 @@
+"""`make plan RECIPE=... [OVERRIDES=...] [JSON=1] [GPUS=N] [MFU=0.4]`."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ..cli_args import add_recipe_args, env_flag, recipe_and_overrides
+from ..config import ConfigError, load_recipe
+from .estimate import make_plan
+
+
+def human(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def render(plan: dict) -> str:
+    mem = plan["memory_per_gpu_gib"]
+    lay = plan["layout"]
+    hours = plan["time_to_budget_hours"]
+    lines = [
+        f"plan for {plan['recipe']}",
+        f"  parameters        {plan['params']:,} ({human(plan['params'])}; non-embedding {plan['params_non_embedding']:,})",
+        f"  layout            {lay['engine']} TP={lay['tp']} PP={lay['pp']} CP={lay['cp']} DP={lay['dp']} "
+        f"SP={lay['sp']} ZeRO={lay['zero']} recompute={lay['recompute']} {lay['precision']}",
+        f"  batch             micro {lay['micro_batch']} x {lay['num_microbatches']} micro-batches x DP "
+        f"{lay['dp']} = {lay['global_batch']} sequences",
+        f"  tokens per step   {plan['tokens_per_step']:,}",
+        f"  FLOPs per token   {plan['flops_per_token']:.4g} (6N + 12*L*s*H*Q; with recompute "
+        f"{plan['flops_per_token_hardware']:.4g})",
+        f"  FLOPs per step    {plan['flops_per_step']:.4g}",
+        f"  memory per GPU    {mem['total']:.2f} GiB = weights {mem['weights']:.2f} + grads {mem['grads']:.2f} "
+        f"+ optimizer {mem['optimizer']:.2f} + activations {mem['activations']:.2f} (PP stage {plan['memory_stage']})",
+        f"  Chinchilla tokens {human(plan['chinchilla_tokens'])} (20 x params); budget {human(plan['train_tokens'])} "
+        f"tokens in {plan['train_iters']:,} steps",
+    ]
+    if hours is not None:
+        lines.append(f"  time to budget    {hours:,.1f} h ({hours / 24:,.1f} days) on {plan['gpus']} x "
+                     f"{plan['gpu_type']} at {plan['mfu']:.0%} MFU ({plan['peak_tflops_per_gpu']} TFLOP/s peak)")
+    else:
+        lines.append(f"  time to budget    n/a on {plan['gpu_type']} (no peak FLOP/s; set cluster.gpu_type)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pretrain.plan", description=__doc__)
+    add_recipe_args(parser)
+    parser.add_argument("--json", action="store_true", help="one JSON object (default $JSON)")
+    parser.add_argument("--gpus", type=int, default=int(os.environ.get("GPUS") or 0) or None,
+                        help="GPU count for the time estimate (default: the recipe's world size)")
+    parser.add_argument("--mfu", type=float, default=float(os.environ.get("MFU") or 0.4))
+    args = parser.parse_args(argv)
+    recipe, overrides = recipe_and_overrides(args)
+    try:
+        cfg = load_recipe(recipe, overrides)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    plan = make_plan(cfg, gpus=args.gpus, mfu=args.mfu)
+    print(json.dumps(plan) if (args.json or env_flag("JSON")) else render(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The plan of a recipe: what it costs before any GPU hour is spent."""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..config.schema import JobConfig
+from .hardware import peak_tflops
+from .memory import memory_per_gpu
+from .params import count_params
+
+CHINCHILLA_TOKENS_PER_PARAM = 20   # Hoffmann et al. 2022, compute-optimal rule of thumb
+
+
+def flops_per_token(cfg: JobConfig, params: dict) -> dict:
+    """Training FLOPs per token (forward + backward).
+
+    model: 6 * N_matmul + 12 * L * s * (heads * d_head)  -- PaLM (Chowdhery et al. 2022, App. B),
+        N_matmul = every GEMM weight incl. the output projection; attention scores and
+        values counted without the causal-mask discount, as in PaLM's MFU.
+    hardware: adds the recomputed forward: full recompute +2N + 4Ls(HQ); selective +4Ls(HQ).
+    """
+    m, d = cfg.model, cfg.derived
+    attn = 12 * m.num_layers * m.seq_length * m.num_attention_heads * d.kv_channels
+    model = 6 * params["matmul"] + attn
+    hardware = model
+    if cfg.parallel.recompute_granularity == "full":
+        hardware += 2 * params["matmul"] + attn // 3
+    elif cfg.parallel.recompute_granularity == "selective":
+        hardware += attn // 3
+    return {"model": model, "hardware": hardware, "attention": attn}
+
+
+def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: float = 0.4) -> dict:
+    d = cfg.derived
+    params = count_params(cfg)
+    flops = flops_per_token(cfg, params)
+    gpus = gpus or d.world_size
+    half = cfg.precision.bf16 or cfg.precision.fp16
+    peak = peak_tflops(cfg.cluster.gpu_type, half)
+    total_flops = flops["model"] * d.train_tokens
+    seconds = total_flops / (gpus * peak * 1e12 * mfu) if peak else None
+    mem = memory_per_gpu(cfg)
+    p = cfg.parallel
+    return {
+        "recipe": cfg.name,
+        "params": params["total"],
+        "params_non_embedding": params["non_embedding"],
+        "params_matmul": params["matmul"],
+        "tokens_per_step": d.tokens_per_step,
+        "flops_per_token": flops["model"],
+        "flops_per_token_hardware": flops["hardware"],
+        "flops_per_step": flops["model"] * d.tokens_per_step,
+        "memory_per_gpu_gib": {k: round(v, 3) for k, v in mem.items() if k != "stage"},
+        "memory_stage": mem["stage"],
+        "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * params["total"],
+        "train_tokens": d.train_tokens,
+        "train_iters": d.train_iters,
+        "gpus": gpus,
+        "gpu_type": cfg.cluster.gpu_type,
+        "peak_tflops_per_gpu": peak,
+        "mfu": mfu,
+        "total_flops": total_flops,
+        "time_to_budget_hours": round(seconds / 3600, 2) if seconds else None,
+        "layout": {"engine": p.engine, "tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
+                   "cp": p.context_parallel_size, "dp": d.data_parallel_size, "sp": p.sequence_parallel,
+                   "zero": p.zero_stage if p.engine == "deepspeed" else int(p.use_distributed_optimizer),
+                   "recompute": p.recompute_granularity,
+                   "precision": "bf16" if cfg.precision.bf16 else "fp16" if cfg.precision.fp16 else "fp32",
+                   "micro_batch": cfg.batch.micro_batch_size, "global_batch": cfg.batch.global_batch_size,
+                   "num_microbatches": d.num_microbatches},
+    }

@@ -1,0 +1,120 @@
+"""Exact parameter inventory of the megatron-core GPTModel a recipe builds.
+
+Each tensor is listed with its shape and how TP splits it, mirroring megatron-core 0.16
+(`get_gpt_layer_local_spec` / TE spec): column-parallel weights and biases are split,
+row-parallel weights are split but their bias is replicated, norms are replicated.
+`tests/test_plan.py` checks the total against the model the engine builds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..config.schema import JobConfig
+from ..config.validate import pipeline_stage_layers
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    split: str = "none"          # "none" (replicated over TP), "row" (dim 0 split), "col" (dim 1 split)
+    matmul: bool = False         # a GEMM weight (counts in 6N FLOPs)
+    embedding: bool = False
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def per_rank(self, tp: int) -> int:
+        return self.numel if self.split == "none" else self.numel // tp
+
+    def per_rank_shape(self, tp: int) -> tuple[int, ...]:
+        if self.split == "row":
+            return (self.shape[0] // tp, *self.shape[1:])
+        if self.split == "col":
+            return (self.shape[0], self.shape[1] // tp)
+        return self.shape
+
+
+def _norm(name: str, width: int, cfg: JobConfig) -> list[Tensor]:
+    tensors = [Tensor(f"{name}.weight", (width,))]
+    if cfg.model.normalization == "LayerNorm":
+        tensors.append(Tensor(f"{name}.bias", (width,)))
+    return tensors
+
+
+def layer_tensors(cfg: JobConfig) -> list[Tensor]:
+    m, d = cfg.model, cfg.derived
+    h, kv = m.hidden_size, d.kv_channels
+    q_out = m.num_attention_heads * kv
+    qkv_out = q_out + 2 * d.num_query_groups * kv
+    fc1_out = d.ffn_hidden_size * (2 if m.activation == "swiglu" else 1)
+    bias = m.add_bias_linear
+    t = _norm("input_layernorm", h, cfg)
+    t.append(Tensor("self_attention.linear_qkv.weight", (qkv_out, h), "row", matmul=True))
+    if bias:
+        t.append(Tensor("self_attention.linear_qkv.bias", (qkv_out,), "row"))
+    if m.qk_layernorm:
+        t += _norm("self_attention.q_layernorm", kv, cfg) + _norm("self_attention.k_layernorm", kv, cfg)
+    t.append(Tensor("self_attention.linear_proj.weight", (h, q_out), "col", matmul=True))
+    if bias:
+        t.append(Tensor("self_attention.linear_proj.bias", (h,)))
+    t += _norm("pre_mlp_layernorm", h, cfg)
+    t.append(Tensor("mlp.linear_fc1.weight", (fc1_out, h), "row", matmul=True))
+    if bias:
+        t.append(Tensor("mlp.linear_fc1.bias", (fc1_out,), "row"))
+    t.append(Tensor("mlp.linear_fc2.weight", (h, d.ffn_hidden_size), "col", matmul=True))
+    if bias:
+        t.append(Tensor("mlp.linear_fc2.bias", (h,)))
+    return t
+
+
+def embedding_tensors(cfg: JobConfig) -> list[Tensor]:
+    m, d = cfg.model, cfg.derived
+    t = [Tensor("embedding.word_embeddings.weight", (d.padded_vocab_size, m.hidden_size), "row", embedding=True)]
+    if m.position_embedding_type == "learned_absolute":
+        t.append(Tensor("embedding.position_embeddings.weight", (d.max_position_embeddings, m.hidden_size),
+                        embedding=True))
+    return t
+
+
+def head_tensors(cfg: JobConfig, *, tied_copy: bool) -> list[Tensor]:
+    """Final norm + output layer. A tied model under PP>1 keeps a copy of the word
+    embeddings on the last stage (megatron-core `shared_embedding_or_output_weight`)."""
+    m, d = cfg.model, cfg.derived
+    t = _norm("decoder.final_layernorm", m.hidden_size, cfg)
+    if m.untie_embeddings_and_output_weights or tied_copy:
+        t.append(Tensor("output_layer.weight", (d.padded_vocab_size, m.hidden_size), "row", matmul=True))
+    return t
+
+
+def stage_tensors(cfg: JobConfig) -> list[list[Tensor]]:
+    """Tensors held by each pipeline stage (one TP rank's view is `Tensor.per_rank`)."""
+    p = cfg.parallel
+    pp = p.pipeline_model_parallel_size
+    layers = pipeline_stage_layers(cfg.model.num_layers, pp, p.num_layers_in_first_pipeline_stage,
+                                   p.num_layers_in_last_pipeline_stage)
+    per_layer = layer_tensors(cfg)
+    stages = []
+    for i, n in enumerate(layers):
+        tensors = per_layer * n
+        if i == 0:
+            tensors = embedding_tensors(cfg) + tensors
+        if i == pp - 1:
+            tensors = tensors + head_tensors(cfg, tied_copy=pp > 1 and not cfg.model.untie_embeddings_and_output_weights)
+        stages.append(tensors)
+    return stages
+
+
+def count_params(cfg: JobConfig) -> dict:
+    """Unique parameters of the whole model (TP=1 view; a tied PP copy is not counted twice)."""
+    layer = layer_tensors(cfg)
+    embed = embedding_tensors(cfg)
+    head = head_tensors(cfg, tied_copy=False)
+    total = sum(t.numel for t in embed + head) + cfg.model.num_layers * sum(t.numel for t in layer)
+    embedding = sum(t.numel for t in embed)
+    matmul = cfg.model.num_layers * sum(t.numel for t in layer if t.matmul)
+    # The output projection is a GEMM whether or not its weight is tied to the embedding.
+    matmul += cfg.derived.padded_vocab_size * cfg.model.hidden_size
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "matmul": matmul}

@@ -1,0 +1,83 @@
+"""Planner figures: exact parameter counts against the built model, hand-computed memory."""
+import json
+import subprocess
+import time
+
+import pytest
+
+from pretrain.config import load_recipe
+from pretrain.plan import count_params, make_plan
+from pretrain.plan.memory import GIB, memory_per_gpu
+from tests.conftest import PY, REPO
+
+
+@pytest.mark.parametrize("recipe,overrides", [
+    ("gpt-tiny", []), ("llama-tiny", []), ("llama-tiny", ["model.qk_layernorm=true"]),
+    ("gpt-125m", ["cluster=local"]),
+])
+def test_param_count_equals_the_megatron_core_model(single_rank_megatron, recipe, overrides):
+    from pretrain.engines.megatron.model import build_gpt_model, transformer_config
+    cfg = load_recipe(recipe, overrides)
+    model = build_gpt_model(cfg, transformer_config(cfg, on_gpu=False))
+    assert sum(p.numel() for p in model.parameters()) == count_params(cfg)["total"]
+
+
+def test_gpt3_sizes_match_their_names():
+    expected = {"gpt-125m": 125e6, "gpt-350m": 355e6, "gpt-760m": 760e6, "gpt-1.3b": 1.3e9, "gpt-2.7b": 2.65e9,
+                "gpt-7b": 6.7e9, "gpt-13b": 12.9e9, "gpt-175b": 175e9}
+    for recipe, n in expected.items():
+        assert count_params(load_recipe(recipe))["total"] == pytest.approx(n, rel=0.04), recipe
+
+
+def test_memory_matches_a_hand_computation():
+    # gpt-tiny, fp32 AdamW, 1 rank: h=192, L=4, a=6, s=128, b=8, f=768, V=4096 (padded 4096), no dropout.
+    cfg = load_recipe("gpt-tiny", ["cluster.devices_per_node=1", "batch.global_batch_size=8"])
+    n = 2_590_848                                  # = 4096*192 + 128*192 + 4*(12*192^2 + 13*192) + 2*192
+    assert n == 4096 * 192 + 128 * 192 + 4 * (12 * 192**2 + 13 * 192) + 2 * 192
+    s, b, h, f, a, L, V = 128, 8, 192, 768, 6, 4, 4096
+    e = 4
+    per_layer = (s * b * h * 4 * e                 # two norm inputs, QKV input, fc1 input
+                 + s * b * 3 * h * e + s * b * h * e    # Q, K, V + proj input
+                 + s * b * f * e * 2                    # GELU input + fc2 input
+                 + a * s * s * b * e)                   # softmax output (unfused attention on CPU: 'unfused')
+    activations = L * per_layer + 4 * s * b * V     # + fp32 logits
+    expected = {"weights": 4 * n, "grads": 4 * n, "optimizer": 8 * n, "activations": activations}
+    cfg.model.attention_backend = "unfused"
+    mem = memory_per_gpu(cfg)
+    for key, value in expected.items():
+        assert mem[key] == pytest.approx(value / GIB, rel=1e-9), key
+
+
+def test_memory_scales_with_zero_and_tp():
+    base = memory_per_gpu(load_recipe("gpt-7b"))
+    more_dp = memory_per_gpu(load_recipe("gpt-7b", ["cluster.nodes=4"]))
+    assert more_dp["optimizer"] == pytest.approx(base["optimizer"] / 2, rel=1e-6)     # dist-opt shards over DP
+    assert more_dp["weights"] == base["weights"]
+    no_dopt = memory_per_gpu(load_recipe("gpt-7b", ["parallel.use_distributed_optimizer=false",
+                                                     "parallel.overlap_param_gather=false"]))
+    assert no_dopt["optimizer"] == pytest.approx(base["optimizer"] * 8, rel=1e-6)
+    full = memory_per_gpu(load_recipe("gpt-7b", ["parallel.recompute_granularity=full"]))
+    assert full["activations"] < base["activations"]
+
+
+def test_flops_per_token_is_6n_plus_attention():
+    cfg = load_recipe("gpt-125m")
+    plan = make_plan(cfg)
+    n = plan["params_matmul"]
+    assert plan["flops_per_token"] == 6 * n + 12 * 12 * 2048 * 768
+    assert plan["chinchilla_tokens"] == 20 * plan["params"]
+    assert plan["flops_per_step"] == plan["flops_per_token"] * 256 * 2048
+
+
+def test_make_plan_json_for_gpt_7b_is_fast_and_documented():
+    start = time.time()
+    out = subprocess.run(["make", "-s", "plan", "RECIPE=gpt-7b", "JSON=1"], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert time.time() - start < 10
+    plan = json.loads(out)
+    for key in ("params", "flops_per_token", "tokens_per_step", "memory_per_gpu_gib", "time_to_budget_hours"):
+        assert key in plan
+    assert set(plan["memory_per_gpu_gib"]) == {"weights", "grads", "optimizer", "activations", "total"}
+    text = subprocess.run([PY, "-m", "pretrain.plan", "gpt-7b"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout
+    assert "memory per GPU" in text and "time to budget" in text
