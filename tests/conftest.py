@@ -27,3 +27,13 @@ def single_rank_megatron():
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     yield
+
+
+@pytest.fixture(scope="session")
+def demo_data():
+    """`make data && make preprocess RECIPE=gpt-tiny` (resumable: cheap when already done)."""
+    import subprocess
+    for target in (["make", "-s", "data"], ["make", "-s", "preprocess", "RECIPE=gpt-tiny"]):
+        res = subprocess.run(target, cwd=REPO, capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return REPO / "data/demo/bpe4k"

@@ -30,21 +30,26 @@ def available_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
+def compose_dir(config_dir, name: str, overrides: Iterable[str] = (), source: str = "") -> DictConfig:
+    """Hydra composition of <config_dir>/<name>.yaml; errors become ConfigError naming the file."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            return compose(config_name=name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError([f"{err}".strip() + "\n    Fix: check the key's spelling and type; "
+                           "`python -m pretrain.config --describe` lists every field."],
+                          source=source or f"{config_dir}/{name}.yaml") from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def compose_recipe(recipe: str, overrides: Iterable[str] = ()) -> DictConfig:
     """Hydra composition of recipes/<recipe>.yaml with command-line style overrides."""
     if not (RECIPES_DIR / f"{recipe}.yaml").is_file():
         raise ConfigError([f"no recipe {recipe!r} in {RECIPES_DIR}. Available: {', '.join(available_recipes())}"],
                           source="RECIPE")
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(RECIPES_DIR), version_base="1.3"):
-            return compose(config_name=recipe, overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError([f"{err}".strip() + "\n    Fix: check the key's spelling and type; "
-                           "`python -m pretrain.config --describe` lists every field."],
-                          source=f"recipes/{recipe}.yaml") from None
-    finally:
-        GlobalHydra.instance().clear()
+    return compose_dir(RECIPES_DIR, recipe, overrides, source=f"recipes/{recipe}.yaml")
 
 
 def finalize(cfg: DictConfig, recipe: Optional[str] = None) -> JobConfig:

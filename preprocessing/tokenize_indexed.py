@@ -1,0 +1,92 @@
+"""Stage 5: documents -> token ids + EOD -> Megatron indexed dataset (.bin/.idx).
+
+    python -m preprocessing.tokenize_indexed --input docs.jsonl --tokenizer DIR|FILE --output PREFIX
+    make tokenize INPUT=docs.jsonl TOKENIZER=DIR OUTPUT=PREFIX
+
+Written with megatron-core's IndexedDatasetBuilder, dtype by `DType.optimal_dtype(vocab)`
+(uint16 below 65500 tokens, else int32), one sequence per document with EOD appended:
+the layout Megatron-LM's `tools/preprocess_data.py --append-eod` writes, so files from
+either tool mix. Streaming in batches (memory is one batch); HF tokenizers encode a
+batch on all cores, SentencePiece with `tokenize.workers` threads. A JSON sidecar
+records tokenizer, counts and source hashes. Output appears atomically (tmp + rename).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from itertools import islice
+from pathlib import Path
+from typing import List
+
+import numpy as np
+from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+from tqdm import tqdm
+
+from .cli import cli_main
+from .config import InputConfig, TokenizeConfig
+from .records import BadInput, read_documents
+from .stage import Marker, fingerprint, print_summary
+from .tokenizer_io import describe, file_digest, load_tokenizer
+
+
+def batched(iterable, n: int):
+    it = iter(iterable)
+    while batch := list(islice(it, n)):
+        yield batch
+
+
+def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: TokenizeConfig) -> dict:
+    prefix = Path(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    marker = Marker(prefix.parent, prefix.name, fingerprint([vars(inp), vars(cfg), describe(tokenizer)], inp.paths))
+    done = marker.done()
+    if done:
+        return done
+    dtype = DType.optimal_dtype(tokenizer.vocab_size)
+    tmp = prefix.with_name(prefix.name + ".tmp")
+    builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=dtype)
+    bad, docs, tokens = BadInput(), 0, 0
+    progress = tqdm(desc=f"tokenize {prefix.name}", unit="doc", file=sys.stderr)
+    for batch in batched(read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field,
+                                        id_field=inp.id_field, bad=bad), cfg.batch_size):
+        for ids in tokenizer.encode_batch([d.text for d in batch]):
+            if cfg.append_eod:
+                ids.append(tokenizer.eod)
+            builder.add_document(np.asarray(ids, dtype=dtype), [len(ids)])
+            tokens += len(ids)
+        docs += len(batch)
+        progress.update(len(batch))
+    progress.close()
+    bad.check(inp.max_bad_fraction, f"tokenize input {inp.paths}")
+    builder.finalize(f"{tmp}.idx")
+    os.replace(f"{tmp}.bin", f"{prefix}.bin")
+    os.replace(f"{tmp}.idx", f"{prefix}.idx")
+    summary = {"documents": docs, "tokens": tokens, "dtype": np.dtype(dtype).name,
+               "tokens_per_document": round(tokens / max(1, docs), 1)}
+    sidecar = {"prefix": str(prefix), **summary, "append_eod": cfg.append_eod, "tokenizer": describe(tokenizer),
+               "sources": [{"path": str(p), "bytes": Path(p).stat().st_size, "sha256": file_digest(Path(p))}
+                           for p in inp.paths if Path(p).is_file()],
+               "skipped": bad.as_dict()}
+    Path(f"{prefix}.json").write_text(json.dumps(sidecar, indent=1))
+    print_summary(f"tokenize -> {prefix}.bin/.idx", summary, dict(bad.counts))
+    marker.mark(summary)
+    return summary
+
+
+@cli_main
+def main(argv: List[str] | None = None) -> int:
+    from .cli import stage_args
+    args, cfg = stage_args("tokenize_indexed", argv)
+    if not args.output or not (args.tokenizer or cfg.tokenizer.path):
+        print("need --output PREFIX and --tokenizer PATH (make tokenize INPUT=... TOKENIZER=... OUTPUT=...)",
+              file=sys.stderr)
+        return 2
+    tok = load_tokenizer(None if args.tokenizer else cfg.tokenizer.type, args.tokenizer or cfg.tokenizer.path,
+                         threads=cfg.tokenize.workers)
+    print(json.dumps(tokenize_to_indexed(cfg.input, tok, args.output, cfg.tokenize)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

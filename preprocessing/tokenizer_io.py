@@ -1,0 +1,148 @@
+"""Stage 4: load or train a tokenizer; one interface for the three kinds people have.
+
+* `gpt2`: a directory with GPT-2's vocab.json + merges.txt (or OpenAI's encoder.json +
+  vocab.bpe), byte-level BPE with GPT-2's pre-tokenizer regex - the ids equal those of
+  Megatron-LM's GPT2BPETokenizer. EOD is `<|endoftext|>`.
+* `hf`: a Hugging Face tokenizer directory (tokenizer.json) or file.
+* `sentencepiece`: a `.model` file; EOD is its eos id, no BOS is added (Megatron-LM's
+  SentencePieceTokenizer; its Llama2Tokenizer prepends BOS).
+Training writes a byte-level BPE as tokenizer.json + tokenizer_config.json (loadable by
+transformers) and vocab.json + merges.txt (loadable by Megatron-LM's GPT2BPETokenizer).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable, List, Optional
+
+EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
+
+
+def detect_type(path: str | Path) -> str:
+    p = Path(path)
+    if p.is_file():
+        return "sentencepiece" if p.suffix == ".model" or ".model." in p.name else "hf"
+    if (p / "tokenizer.json").exists():
+        return "hf"
+    if ((p / "vocab.json").exists() and (p / "merges.txt").exists()) or (p / "encoder.json").exists():
+        return "gpt2"
+    if (p / "tokenizer.model").exists():
+        return "sentencepiece"
+    raise FileNotFoundError(f"{p}: not a tokenizer (need tokenizer.json, vocab.json+merges.txt, "
+                            "encoder.json+vocab.bpe, or a SentencePiece .model)")
+
+
+class HFTokenizer:
+    """`tokenizers.Tokenizer` behind the interface (types 'hf' and 'gpt2')."""
+
+    def __init__(self, tok, kind: str, files: List[Path], eod: Optional[int] = None):
+        self.tok, self.kind, self.files = tok, kind, files
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        if eod is None:
+            eod = next((tok.token_to_id(t) for t in EOD_CANDIDATES if tok.token_to_id(t) is not None), None)
+        if eod is None:
+            raise ValueError(f"{files[0]}: no end-of-document token among {EOD_CANDIDATES}")
+        self.eod = eod
+
+    def encode_batch(self, texts: List[str]) -> List[List[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def encode(self, text: str) -> List[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: List[int]) -> str:
+        return self.tok.decode(ids)
+
+    def save(self, directory: str | Path) -> None:
+        """tokenizer.json + transformers config (for exports and AutoTokenizer)."""
+        from transformers import PreTrainedTokenizerFast
+        eod = self.tok.id_to_token(self.eod)
+        PreTrainedTokenizerFast(tokenizer_object=self.tok, eos_token=eod, bos_token=eod,
+                                unk_token=eod).save_pretrained(str(directory))
+
+
+class SentencePieceTokenizer:
+    def __init__(self, path: Path, threads: int = 2):
+        import sentencepiece as spm
+        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        self.kind, self.files, self.threads = "sentencepiece", [path], threads
+        self.vocab_size = self.sp.get_piece_size()
+        self.eod = self.sp.eos_id()
+
+    def encode_batch(self, texts: List[str]) -> List[List[int]]:
+        return self.sp.encode(texts, num_threads=self.threads)
+
+    def encode(self, text: str) -> List[int]:
+        return self.sp.encode(text)
+
+    def decode(self, ids: List[int]) -> str:
+        return self.sp.decode(ids)
+
+    def save(self, directory: str | Path) -> None:
+        from transformers import LlamaTokenizer
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        LlamaTokenizer(vocab_file=str(self.files[0]), add_bos_token=False, legacy=True).save_pretrained(str(directory))
+
+
+def load_tokenizer(kind: Optional[str], path: str | Path, threads: int = 2):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"tokenizer path {p} does not exist (data.tokenizer.path / TOKENIZER)")
+    kind = kind or detect_type(p)
+    if kind == "sentencepiece":
+        return SentencePieceTokenizer(p / "tokenizer.model" if p.is_dir() else p, threads)
+    if kind == "hf":
+        f = p / "tokenizer.json" if p.is_dir() else p
+        return HFTokenizer(Tokenizer.from_file(str(f)), "hf", [f])
+    if kind == "gpt2":
+        vocab, merges = p / "vocab.json", p / "merges.txt"
+        if not vocab.exists():
+            vocab, merges = p / "encoder.json", p / "vocab.bpe"
+        tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        return HFTokenizer(tok, "gpt2", [vocab, merges])
+    raise ValueError(f"tokenizer type {kind!r}: use gpt2, hf or sentencepiece")
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir: str | Path) -> HFTokenizer:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=True)
+    tok.train_from_iterator(texts, trainer=trainer)
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    result = HFTokenizer(tok, "hf", [out / "tokenizer.json"])
+    result.save(tmp)
+    tok.model.save(str(tmp))            # vocab.json + merges.txt (GPT-2 format)
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return result
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def describe(tok) -> dict:
+    return {"type": tok.kind, "vocab_size": tok.vocab_size, "eod": tok.eod,
+            "files": {str(f): file_digest(f) for f in tok.files if Path(f).exists()}}
+
+
+def dump(obj, path: Path) -> None:
+    path.write_text(json.dumps(obj, indent=1))

@@ -1,0 +1,80 @@
+"""Every bad-input reason is counted with file:line, and no good document is lost."""
+import gzip
+import json
+
+import pytest
+
+from preprocessing.records import BadInput, BadInputError, read_documents
+
+GOOD = [{"id": "a", "text": "good one"}, {"id": "b", "text": "good two"}]
+
+
+def lines_with_bad_input():
+    return [json.dumps(GOOD[0]).encode(), b'{"id": "x", "text": "unterminated', b"\xff\xfe not utf8",
+            json.dumps({"id": "y", "body": "no text"}).encode(), json.dumps({"id": "z", "text": "   "}).encode(),
+            json.dumps({"id": "n", "text": 5}).encode(), b"[1, 2]", json.dumps(GOOD[1]).encode()]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+def test_each_reason_is_counted_and_good_documents_survive(tmp_path, suffix):
+    import zstandard
+    data = b"\n".join(lines_with_bad_input()) + b"\n"
+    path = tmp_path / f"in{suffix}"
+    path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else
+                     zstandard.ZstdCompressor().compress(data) if suffix.endswith(".zst") else data)
+    bad = BadInput()
+    docs = list(read_documents([str(path)], bad=bad))
+    assert [d.record for d in docs] == GOOD
+    assert dict(bad.counts) == {"invalid_json": 1, "invalid_utf8": 1, "missing_text_field": 1, "empty_text": 1,
+                                "text_not_a_string": 1, "not_an_object": 1}
+    assert bad.examples["invalid_json"][0].startswith(f"{path}:2")
+    assert bad.examples["missing_text_field"][0].startswith(f"{path}:4")
+
+
+def test_file_not_of_its_declared_format(tmp_path):
+    fake_gz = tmp_path / "x.jsonl.gz"
+    fake_gz.write_text('{"text": "plain, not gzip"}\n')
+    fake_parquet = tmp_path / "y.parquet"
+    fake_parquet.write_text("not parquet")
+    good = tmp_path / "ok.jsonl"
+    good.write_text(json.dumps(GOOD[0]) + "\n")
+    bad = BadInput()
+    docs = list(read_documents([str(fake_gz), str(fake_parquet), str(good)], bad=bad))
+    assert [d.record for d in docs] == [GOOD[0]]
+    assert bad.counts["unreadable_file"] == 2
+
+
+def test_parquet_and_text_folders(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"id": ["p1", "p2"], "text": ["alpha", ""]}), tmp_path / "d.parquet")
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "one.txt").write_text("first file")
+    (folder / "two.txt").write_bytes(b"\xff bad")
+    bad = BadInput()
+    docs = list(read_documents([str(tmp_path / "d.parquet"), str(folder)], bad=bad))
+    assert [d.text for d in docs] == ["alpha", "first file"]
+    assert bad.counts == {"empty_text": 1, "invalid_utf8": 1}
+
+
+def test_too_much_bad_input_fails_with_a_clear_message(tmp_path):
+    path = tmp_path / "mostly_bad.jsonl"
+    path.write_bytes(b"\n".join(lines_with_bad_input()) + b"\n")
+    bad = BadInput()
+    list(read_documents([str(path)], bad=bad))
+    bad.check(0.8, "test")          # 6 of 8 bad: under 80% passes
+    with pytest.raises(BadInputError, match=r"6 of 8 input records are unusable .* input.max_bad_fraction=0.1"):
+        bad.check(0.1, "test")
+
+
+def test_pipeline_stage_cli_reports_bad_lines(tmp_path):
+    import subprocess
+
+    from tests.conftest import PY, REPO
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines_with_bad_input()) + b"\n")
+    res = subprocess.run([PY, "-m", "preprocessing.dedup", "--input", str(path), "--output", str(tmp_path / "o"),
+                          "input.max_bad_fraction=0.1", "dedup.workers=1"], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode != 0
+    assert "unusable" in res.stderr and f"{path}:2" in res.stderr

@@ -1,0 +1,92 @@
+"""Indexed datasets: readable by megatron-core, token-exact, byte-equal to Megatron-LM's layout."""
+import json
+import subprocess
+
+import numpy as np
+import pytest
+from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
+
+from preprocessing.config import InputConfig, TokenizeConfig
+from preprocessing.fetch import fetch
+from preprocessing.tokenize_indexed import tokenize_to_indexed
+from preprocessing.tokenizer_io import load_tokenizer
+from tests.conftest import REPO
+
+
+def test_demo_pipeline_output_opens_and_every_document_matches(demo_data):
+    blend = json.loads((demo_data / "blend.json").read_text())
+    tok = load_tokenizer("hf", demo_data / "tokenizer")
+    assert tok.vocab_size == 4096
+    for split in ("train", "valid", "test"):
+        ds = IndexedDataset(str(demo_data / f"{split}_text_document"))
+        texts = [json.loads(x)["text"] for x in open(REPO / f"data/demo/work/split/{split}.jsonl")]
+        assert len(ds) == len(texts) and ds.index.dtype == np.uint16
+        limit = len(texts) if split != "train" else 400
+        for i in range(limit):
+            assert ds[i].tolist() == tok.encode(texts[i]) + [tok.eod], (split, i)
+        assert blend["splits"][split][0]["prefix"] == f"{split}_text_document"
+    removed = [json.loads(x) for x in open(REPO / "data/demo/work/normalize_removed.jsonl")]
+    milton_dups = {r["id"].split("/")[1] for r in removed if r["id"].startswith("milton/")}
+    assert {"comus_gut", "paradise_regained_gut", "poemata_gut", "areopagitica_gut"} & milton_dups or \
+        {"comus", "paradiseregained", "poemata", "areopagitica"} & milton_dups
+
+
+def megatron_lm_style(prefix, docs, tok):
+    """What Megatron-LM's tools/preprocess_data.py --append-eod does per document."""
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=DType.optimal_dtype(tok.vocab_size))
+    for text in docs:
+        ids = tok.encode(text) + [tok.eod]
+        builder.add_document(ids, [len(ids)])
+    builder.finalize(f"{prefix}.idx")
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "sentencepiece"])
+def test_files_are_byte_equal_to_megatron_lm_layout(tmp_path, kind):
+    path = fetch("gpt2-tokenizer") if kind == "gpt2" else fetch("llama-sp-tokenizer")
+    tok = load_tokenizer(kind, path)
+    docs = ["Shall I compare thee to a summer's day?", "Thou art more lovely and more temperate:\n\nRough winds",
+            "ünïcödé — dashes… and emoji 🎭", "x" * 3000]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    tokenize_to_indexed(InputConfig(paths=[str(tmp_path / "in.jsonl")]), tok, tmp_path / "ours",
+                        TokenizeConfig(batch_size=3))
+    megatron_lm_style(tmp_path / "ref", docs, tok)
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"ours{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes()
+    sidecar = json.loads((tmp_path / "ours.json").read_text())
+    assert sidecar["documents"] == 4 and sidecar["dtype"] == "uint16"
+
+
+def test_gpt2_ids_equal_transformers_gpt2_tokenizer():
+    from transformers import GPT2TokenizerFast
+    path = fetch("gpt2-tokenizer")
+    ours = load_tokenizer("gpt2", path)
+    ref = GPT2TokenizerFast(vocab=f"{path}/vocab.json", merges=f"{path}/merges.txt")   # transformers 5 keywords
+    text = "Hello world! It's 2026 -- the  GPT-2   tokenizer's regex handles 'll and 've."
+    assert ours.encode(text) == ref.encode(text) and ours.eod == 50256 and ours.vocab_size == 50257
+
+
+def test_large_vocab_uses_int32():
+    assert DType.optimal_dtype(128256) == np.int32 and DType.optimal_dtype(50257) == np.uint16
+
+
+def test_make_tokenize_and_make_dedup_interfaces(tmp_path):
+    docs = tmp_path / "docs with space.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i} " * 20}) + "\n" for i in range(5))
+                    + json.dumps({"id": "copy", "text": "document number 0 " * 20}) + "\n")
+    out = tmp_path / "out dir"
+    res = subprocess.run(["make", "-s", "dedup", f"INPUT={docs}", f"OUTPUT={out}"], cwd=REPO, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    removed = [json.loads(x) for x in (out / "removed.jsonl").read_text().splitlines()]
+    assert removed == [{"id": "copy", "duplicate_of": "d0", "method": "exact", "jaccard": 1.0}]
+    assert [json.loads(x)["id"] for x in (out / "kept.jsonl").read_text().splitlines()] == [f"d{i}" for i in range(5)]
+    prefix = tmp_path / "tok" / "docs"
+    res = subprocess.run(["make", "-s", "tokenize", f"INPUT={out / 'kept.jsonl'}", f"TOKENIZER={fetch('gpt2-tokenizer')}",
+                          f"OUTPUT={prefix}"], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    ds = IndexedDataset(str(prefix))
+    assert len(ds) == 5
+    mtime = (tmp_path / "tok" / "docs.bin").stat().st_mtime_ns
+    subprocess.run(["make", "-s", "tokenize", f"INPUT={out / 'kept.jsonl'}", f"TOKENIZER={fetch('gpt2-tokenizer')}",
+                    f"OUTPUT={prefix}"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert (tmp_path / "tok" / "docs.bin").stat().st_mtime_ns == mtime       # finished output is not redone
