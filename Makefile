@@ -64,12 +64,15 @@ tokenize: $(STAMP)  ## INPUT=<jsonl> TOKENIZER=<dir|.model> OUTPUT=<prefix>: -> 
 bench-preprocess: $(STAMP)  ## tokenization throughput vs the raw tokenizer, dedup docs/s -> docs/bench-preprocess.md
 	$(PY) -m preprocessing.bench
 
-bench: bench-preprocess  ## all benchmarks
+bench-train: $(STAMP)  ## our loop vs a bare loop, tokens/s side by side -> docs/bench-train.md
+	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node=1 -m pretrain.bench_train
 
-pretrain: $(STAMP)  ## train RECIPE (engine lands with the runtime issue)
-	$(PY) -m pretrain.train
+bench: bench-preprocess bench-train  ## all benchmarks
+
+pretrain: $(STAMP)  ## compose, validate, prepare data and train RECIPE (local torchrun here)
+	$(PY) -m launch
 
 clean:  ## remove runs/ and outputs (keeps data/ and .venv)
 	rm -rf runs outputs multirun
 
-.PHONY: help setup test lint config plan data preprocess dedup tokenize bench-preprocess bench pretrain clean
+.PHONY: help setup test lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench pretrain clean

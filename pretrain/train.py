@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -19,12 +20,23 @@ from .config.compose import from_yaml
 
 
 def run(job: JobConfig) -> int:
-    # The megatron-core engine lands with issue #4 (training runtime); until then this
-    # entry point validates the recipe and stops here rather than pretend to train.
-    print(f"pretrain: recipe {job.name!r} composed and validated, but no training engine is "
-          "installed in this version (megatron-core runtime: issue #4). `make plan` and "
-          "`make config` work today.", file=sys.stderr)
-    return 3
+    """Train `job` in this process (one rank of torchrun/srun, or a single process)."""
+    import torch.distributed as dist
+
+    from .config import to_yaml
+    from .engines import create_engine
+    from .loop import Trainer
+
+    engine = create_engine(job)
+    run_dir = Path(job.run_dir)
+    if dist.get_rank() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(job))
+    try:
+        Trainer(job, engine, run_dir).train()
+    finally:
+        engine.shutdown()
+    return 0
 
 
 @hydra.main(config_path=str(RECIPES_DIR), config_name="gpt-tiny", version_base="1.3")
@@ -48,6 +60,9 @@ def main() -> None:
         except ConfigError as err:
             print(err, file=sys.stderr)
             sys.exit(2)
+    if not any(arg.startswith(("hydra.run.dir", "hydra.sweep.dir")) for arg in sys.argv):
+        # Hydra's own logs go into the run directory instead of ./outputs/<date>/<time>.
+        sys.argv += ["hydra.run.dir=${run_dir}", "hydra.sweep.dir=${run_dir}/multirun"]
     hydra_main()
 
 

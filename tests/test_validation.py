@@ -13,7 +13,7 @@ CASES = {
     "pp_divides_layers": (["parallel=pp2", "model.num_layers=3"], "does not split model.num_layers=3"),
     "uneven_split_must_add_up": (["parallel=pp2", "model.num_layers=5", "parallel.num_layers_in_first_pipeline_stage=5"],
                                  "does not split model.num_layers=5"),
-    "vpp_needs_pp": (["parallel.virtual_pipeline_model_parallel_size=2"], "needs pipeline_model_parallel_size>1"),
+    "vpp_not_enabled": (["parallel.virtual_pipeline_model_parallel_size=2"], "the interleaved schedule is not enabled"),
     "world_divisible_by_model_parallel": (["parallel.tensor_model_parallel_size=3", "model.num_attention_heads=6"],
                                           "world size 2 (cluster.nodes=1 x cluster.devices_per_node=2) is not divisible by TP*PP*CP"),
     "batch_divisible_by_micro_dp": (["batch.global_batch_size=24"], "not divisible by batch.micro_batch_size=8 x data-parallel size 2 = 16"),

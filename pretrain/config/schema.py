@@ -49,6 +49,7 @@ class ModelConfig:
     attention_dropout: float = doc(0.0, "Dropout on attention probabilities.")
     qk_layernorm: bool = doc(False, "Normalise queries and keys before the dot product (stability).")
     attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best available.")
+    layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every TP/PP layout starts equal.")
     transformer_impl: str = doc("auto", "Layer spec: 'local' (megatron-core modules), 'transformer_engine', or 'auto' (TE when importable).")
 
 

@@ -1,0 +1,1 @@
+"""Launching runs: local torchrun here; SLURM rendering and submission (issue #7)."""

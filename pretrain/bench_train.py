@@ -1,0 +1,85 @@
+"""`make bench-train`: tokens/s of our loop vs a bare loop, side by side in one process.
+
+Ours: Trainer-equivalent steps through the MegatronEngine (DDP wrapper, Megatron optimizer
+wrapper, grad clipping, LR setting, loss all-reduce, metrics). Bare: the same GPTModel and
+the same micro-batches with `loss.backward(); AdamW.step()` and nothing else. The two
+alternate in rounds (best round of each counts) so machine drift hits both alike. The
+overhead ratio (goal <= 3%) goes to docs/bench-train.md.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> int:
+    from .cli_args import split_overrides
+    from .config import load_recipe
+    from .data import StepBatches, build_datasets
+    from .engines.megatron.engine import MegatronEngine
+    from .engines.megatron.model import build_gpt_model, transformer_config
+    from .metrics import Metrics
+
+    steps, rounds = int(os.environ.get("BENCH_STEPS", 10)), int(os.environ.get("BENCH_ROUNDS", 3))
+    cfg = load_recipe(os.environ.get("RECIPE", "gpt-tiny"),
+                      ["cluster.devices_per_node=1", f"schedule.train_iters={steps * rounds * 2 + 4}",
+                       "logging.tensorboard=false", *split_overrides(os.environ.get("OVERRIDES", ""))])
+    engine = MegatronEngine(cfg)
+    train, _, _ = build_datasets(cfg, cfg.batch.global_batch_size * (steps + 2), 1, 1)
+    batches = StepBatches(train, cfg.batch.micro_batch_size, 0, 1)
+    g = cfg.batch.global_batch_size
+    step_batches = [batches.micro_batches(i * g, g) for i in range(steps)]
+    metrics = Metrics(cfg, Path("/tmp/bench-train-metrics"), enabled=False)
+
+    bare_model = build_gpt_model(cfg, transformer_config(cfg))
+    bare_model.load_state_dict(engine.model[0].module.state_dict())
+    bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=cfg.optim.lr, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def ours():
+        for i, micro in enumerate(step_batches):
+            result = engine.train_step(micro, cfg.optim.lr)
+            metrics.step(i, result, cfg.optim.lr, g, (i + 1) * g)
+
+    def bare():
+        for micro in step_batches:
+            for mb in micro:
+                out = bare_model(mb["tokens"], mb["position_ids"], None, labels=mb["labels"])
+                loss = (out.float() * mb["loss_mask"]).sum() / mb["loss_mask"].sum() / len(micro)
+                loss.backward()
+            bare_opt.step()
+            bare_opt.zero_grad(set_to_none=True)
+
+    ours(), bare()                      # warm-up: allocator, first-call costs
+    best = {"ours": float("inf"), "bare": float("inf")}
+    for _ in range(rounds):
+        for name, fn in (("ours", ours), ("bare", bare)):
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    tokens = steps * g * cfg.model.seq_length
+    tps = {k: tokens / v for k, v in best.items()}
+    overhead = tps["bare"] / tps["ours"] - 1
+    lines = ["# Training-loop benchmark", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+             f"{'CUDA' if torch.cuda.is_available() else 'CPU'}; recipe {cfg.name}, 1 process, "
+             f"global batch {g} x {cfg.model.seq_length} tokens, {steps} steps per round, best of {rounds} rounds.", "",
+             "| loop | tokens/s |", "| --- | --- |",
+             f"| bare (forward/backward + AdamW) | {tps['bare']:,.0f} |",
+             f"| ours (MegatronEngine + loop + metrics) | {tps['ours']:,.0f} |", "",
+             f"Overhead: {overhead:+.1%} (goal <= 3%)."]
+    if torch.distributed.get_rank() == 0:
+        out = Path("docs/bench-train.md")
+        out.parent.mkdir(exist_ok=True)
+        out.write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+    engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Training data: megatron-core GPTDataset over the blend, addressed by consumed samples.
+
+The global sample order is fixed by the dataset (seeded shuffle). A step that starts at
+`consumed` samples with global batch G uses samples [consumed, consumed + G); micro-batch
+j of DP rank r takes [consumed + j*mbs*dp + r*mbs, ... + mbs), Megatron's
+MegatronPretrainingSampler order. Whatever the DP size, a step sees the same samples, and
+a resume at `consumed` sees the same next batch (the checkpoint issue relies on this).
+Index caches go to `data.cache_dir` so a job start does not rebuild them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from .config.schema import JobConfig
+
+
+@dataclass
+class DatasetTokenizer:
+    """What GPTDataset needs of a tokenizer (vocab size for the dtype, EOD for masks)."""
+    vocab_size: int
+    eod: int
+    pad: int = -1
+
+    @property
+    def unique_identifiers(self) -> dict:   # part of the dataset cache key
+        return {"class": "DatasetTokenizer", "vocab_size": self.vocab_size, "eod": self.eod}
+
+
+def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_samples: int,
+                   is_built_on_rank=lambda: True):
+    """(train, valid, test) GPTDatasets of at least the given sizes (mock data when data.mock)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+
+    from preprocessing.blend import read_blend
+
+    if cfg.data.mock:
+        blend_per_split, cache, tok = None, cfg.data.cache_dir, DatasetTokenizer(cfg.model.vocab_size, 0)
+    else:
+        blend_path = Path(cfg.data.blend)
+        splits = read_blend(blend_path)
+        blend_per_split = [splits.get(s) for s in ("train", "valid", "test")]
+        import json
+        info = json.loads(blend_path.read_text()).get("tokenizer", {})
+        if info.get("vocab_size", 0) > cfg.model.vocab_size:
+            raise ValueError(f"{blend_path}: tokenizer vocab {info['vocab_size']} exceeds model.vocab_size="
+                             f"{cfg.model.vocab_size}. Fix: raise model.vocab_size or use the recipe's data option.")
+        tok = DatasetTokenizer(info.get("vocab_size", cfg.model.vocab_size), int(info.get("eod", 0)))
+        cache = cfg.data.cache_dir or str(blend_path.parent / "cache")
+    config = GPTDatasetConfig(
+        random_seed=cfg.seed, sequence_length=cfg.model.seq_length, blend_per_split=blend_per_split,
+        path_to_cache=cache, tokenizer=tok, reset_position_ids=False, reset_attention_mask=False,
+        eod_mask_loss=False, create_attention_mask=False, mmap_bin_files=True)
+    if cfg.data.mock:
+        config.mock = True
+    cls = MockGPTDataset if cfg.data.mock else GPTDataset
+    return BlendedMegatronDatasetBuilder(cls, [train_samples, eval_samples, test_samples], is_built_on_rank,
+                                         config).build()
+
+
+def collate(samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
+    keys = ("tokens", "labels", "loss_mask", "position_ids")
+    return {k: torch.stack([s[k] for s in samples]) for k in keys}
+
+
+class StepBatches:
+    """Micro-batches of one step for one DP rank, from a dataset addressed by sample index."""
+
+    def __init__(self, dataset, micro_batch_size: int, dp_rank: int, dp_size: int):
+        self.dataset, self.mbs, self.dp_rank, self.dp_size = dataset, micro_batch_size, dp_rank, dp_size
+
+    def micro_batches(self, consumed: int, global_batch: int) -> List[Dict[str, torch.Tensor]]:
+        per_micro = self.mbs * self.dp_size
+        out = []
+        for j in range(global_batch // per_micro):
+            start = consumed + j * per_micro + self.dp_rank * self.mbs
+            out.append(collate([self.dataset[(start + i) % len(self.dataset)] for i in range(self.mbs)]))
+        return out
+
+
+def split_sizes(cfg: JobConfig, eval_runs: int) -> tuple[int, int, int]:
+    """Samples each split must provide: the whole run, every validation run, one test pass."""
+    from .config.derive import batch_ramp
+    train = batch_ramp(cfg).samples_after_steps(cfg.derived.train_iters)
+    per_eval = cfg.eval.eval_iters * cfg.batch.global_batch_size
+    return train, max(1, eval_runs) * per_eval, per_eval
+
+
+def eval_batches(dataset, cfg: JobConfig, dp_rank: int, dp_size: int, run: int,
+                 iters: Optional[int] = None) -> List[List[Dict[str, torch.Tensor]]]:
+    """Validation run `run` reads its own fixed window of the held-out split."""
+    iters = iters or cfg.eval.eval_iters
+    sb = StepBatches(dataset, cfg.batch.micro_batch_size, dp_rank, dp_size)
+    g = cfg.batch.global_batch_size
+    return [sb.micro_batches((run * iters + i) * g, g) for i in range(iters)]

@@ -1,0 +1,189 @@
+"""The megatron-core engine: GPTModel + parallel layout + DDP + Megatron optimizer.
+
+The loop (pretrain/loop.py) is engine-agnostic; it calls `train_step` and `eval_loss`
+with the step's micro-batches and the step's LR. Everything the engine owns (model
+chunks, optimizer, RNG) is reachable as attributes for checkpointing.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import partial
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ...config.schema import JobConfig
+from . import cpu_compat
+
+
+@dataclass
+class StepResult:
+    loss: float                 # mean token loss of the step (all DP ranks, all micro-batches)
+    grad_norm: Optional[float]
+    skipped: bool               # fp16 overflow: update skipped
+    loss_scale: Optional[float]
+
+
+def init_distributed(timeout_minutes: int = 30) -> None:
+    """torch.distributed from torchrun/SLURM env: NCCL on GPUs, gloo on CPU."""
+    if dist.is_initialized():
+        return
+    from datetime import timedelta
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
+
+
+class MegatronEngine:
+    name = "megatron"
+
+    def __init__(self, cfg: JobConfig):
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        self.cfg = cfg
+        self.on_cpu = cpu_compat.apply()
+        init_distributed()
+        p = cfg.parallel
+        if not ps.model_parallel_is_initialized():
+            ps.initialize_model_parallel(
+                tensor_model_parallel_size=p.tensor_model_parallel_size,
+                pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+                virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
+                context_parallel_size=p.context_parallel_size)
+        self.ps = ps
+        torch.manual_seed(cfg.seed)
+        model_parallel_cuda_manual_seed(cfg.seed)
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.dp_size = ps.get_data_parallel_world_size()
+        self.model = self._build_model()
+        self.optimizer = self._build_optimizer()
+        self._wire_grad_hooks()
+
+    # ---- construction ---------------------------------------------------------------
+    def _build_model(self) -> List[torch.nn.Module]:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        from .init import layout_invariant_init
+        from .model import build_gpt_model, transformer_config
+
+        cfg, ps = self.cfg, self.ps
+        self.tconfig = transformer_config(cfg)
+        vpp = cfg.parallel.virtual_pipeline_model_parallel_size
+        chunks = []
+        for vp in range(vpp or 1):
+            vp_stage = vp if vpp else None
+            chunk = build_gpt_model(
+                cfg, self.tconfig, vp_stage=vp_stage,
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=vpp is None, vp_stage=vp_stage),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=vpp is None, vp_stage=vp_stage))
+            if cfg.model.layout_invariant_init:
+                layout_invariant_init(cfg, chunk, chunk.decoder.layers[0].layer_number - 1)   # before any cast
+            if not self.on_cpu:
+                chunk.cuda(torch.cuda.current_device())
+            if cfg.precision.bf16 or cfg.precision.fp16:
+                # Casts params to bf16/fp16, inputs on the first stage and logits back to fp32
+                # on the last (norms and softmax stay fp32 inside megatron-core's modules).
+                from megatron.core.transformer.module import Float16Module
+                chunk = Float16Module(self.tconfig, chunk)
+            chunks.append(chunk)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32 or not (cfg.precision.bf16 or cfg.precision.fp16),
+            overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
+            overlap_param_gather=cfg.parallel.overlap_param_gather,
+            use_distributed_optimizer=cfg.parallel.use_distributed_optimizer,
+            average_in_collective=False)
+        return [DistributedDataParallel(config=self.tconfig, ddp_config=ddp_config, module=c,
+                                        disable_bucketing=i > 0) for i, c in enumerate(chunks)]
+
+    def _build_optimizer(self):
+        from .optimizers import build_optimizer
+        return build_optimizer(self.cfg, self.model)
+
+    def _wire_grad_hooks(self) -> None:
+        from megatron.core.distributed import finalize_model_grads
+        c = self.tconfig
+        c.grad_scale_func = self.optimizer.scale_loss
+        c.finalize_model_grads_func = finalize_model_grads
+        if self.cfg.parallel.overlap_grad_reduce:
+            syncs = [m.no_sync for m in self.model]
+            c.no_sync_func = syncs[0] if len(syncs) == 1 else syncs
+        if self.cfg.parallel.overlap_param_gather and self.cfg.parallel.use_distributed_optimizer:
+            syncs = [m.start_param_sync for m in self.model]
+            c.param_sync_func = syncs[0] if len(syncs) == 1 else syncs
+
+    # ---- steps ----------------------------------------------------------------------
+    def _forward_backward(self, micro_batches: List[Dict[str, torch.Tensor]], forward_only: bool):
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        device = "cpu" if self.on_cpu else torch.cuda.current_device()
+
+        def loss_func(loss_mask, output_tensor):
+            losses = output_tensor.float()
+            loss = torch.sum(losses.view(-1) * loss_mask.view(-1)) / loss_mask.sum()
+            return loss, {"lm loss": loss.detach().clone()}   # the schedule divides `loss` in place
+
+        def forward_step(data_iterator, model):
+            batch = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
+            output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+            return output, partial(loss_func, batch["loss_mask"])
+
+        vpp = self.cfg.parallel.virtual_pipeline_model_parallel_size
+        iterator = iter(micro_batches) if not vpp else [iter(micro_batches) for _ in range(vpp)]
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iterator,
+            model=self.model if len(self.model) > 1 else self.model[0],
+            num_microbatches=len(micro_batches), seq_length=self.cfg.model.seq_length,
+            micro_batch_size=self.cfg.batch.micro_batch_size, forward_only=forward_only)
+
+    def _mean_loss(self, outputs) -> float:
+        """Loss on the last PP stage averaged over micro-batches and DP, shared with all ranks."""
+        ps = self.ps
+        value = torch.zeros(1, dtype=torch.float64)
+        if ps.is_pipeline_last_stage(ignore_virtual=True):
+            value[0] = sum(float(o["lm loss"]) for o in outputs) / max(1, len(outputs))
+        if not self.on_cpu:
+            value = value.cuda()
+        dist.all_reduce(value, group=ps.get_data_parallel_group())
+        value /= self.dp_size
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            last = ps.get_pipeline_model_parallel_last_rank()
+            dist.broadcast(value, src=last, group=ps.get_pipeline_model_parallel_group())
+        return float(value.item())
+
+    def set_lr(self, lr: float) -> None:
+        wd = self.cfg.optim.weight_decay
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+            group["weight_decay"] = wd * group.get("wd_mult", 1.0)
+
+    def train_step(self, micro_batches, lr: float) -> StepResult:
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self.set_lr(lr)
+        for chunk in self.model:
+            chunk.train()
+        outputs = self._forward_backward(micro_batches, forward_only=False)
+        ok, grad_norm, _ = self.optimizer.step()
+        scale = self.optimizer.get_loss_scale()
+        return StepResult(loss=self._mean_loss(outputs), grad_norm=None if grad_norm is None else float(grad_norm),
+                          skipped=not ok, loss_scale=float(scale) if self.cfg.precision.fp16 else None)
+
+    @torch.no_grad()
+    def eval_loss(self, micro_batches) -> float:
+        for chunk in self.model:
+            chunk.eval()
+        outputs = self._forward_backward(micro_batches, forward_only=True)
+        return self._mean_loss(outputs)
+
+    def is_logging_rank(self) -> bool:
+        return dist.get_rank() == dist.get_world_size() - 1   # last PP stage holds the loss first
+
+    def shutdown(self) -> None:
+        self.ps.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()

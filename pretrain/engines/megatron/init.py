@@ -1,0 +1,68 @@
+"""Layout-invariant initialisation: the same weights whatever TP/PP/DP the run uses.
+
+megatron-core initialises each rank's shard from the RNG stream of its stage, so a PP=2
+model starts from different weights than PP=1 and their losses cannot be compared. Here
+every weight matrix is drawn from a generator seeded by (seed, its global name), built
+at full size and sliced to this rank's shard. Biases and norms keep megatron-core's
+deterministic zeros/ones. Costs one full-size tensor per parameter at start-up
+(`model.layout_invariant_init=false` keeps megatron-core's own init).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+
+import torch
+from megatron.core import parallel_state
+
+from ...config.schema import JobConfig
+
+_LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
+
+
+def _seed_for(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def global_name(name: str, layer_offset: int, tied: bool) -> str:
+    name = name.removeprefix("module.")
+    name = _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + layer_offset}.", name)
+    if tied and name == "output_layer.weight":      # the last stage's copy of the tied embedding
+        return "embedding.word_embeddings.weight"
+    return name
+
+
+def _full_tensor(cfg: JobConfig, name: str, full_shape, std: float) -> torch.Tensor:
+    g = torch.Generator().manual_seed(_seed_for(cfg.seed, name))
+    return torch.randn(full_shape, generator=g, dtype=torch.float32) * std
+
+
+def _shard(cfg: JobConfig, name: str, full: torch.Tensor, dim: int, tp: int, rank: int) -> torch.Tensor:
+    if name.endswith("mlp.linear_fc1.weight") and cfg.model.activation == "swiglu":
+        # A TP rank's fc1 rows are [gate shard; up shard] (MLP chunks its local output in two).
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp, 0)[rank], up.chunk(tp, 0)[rank]], dim=0)
+    return full.chunk(tp, dim=dim)[rank]
+
+
+@torch.no_grad()
+def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int) -> None:
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    tied = not cfg.model.untie_embeddings_and_output_weights
+    std = cfg.model.init_method_std
+    scaled = std / math.sqrt(2.0 * cfg.model.num_layers) if cfg.model.scaled_output_init else std
+    for local_name, param in model_chunk.named_parameters():
+        if param.dim() < 2:
+            continue
+        name = global_name(local_name, layer_offset, tied)
+        split = getattr(param, "tensor_model_parallel", False)
+        dim = getattr(param, "partition_dim", 0) if split else 0
+        full_shape = list(param.shape)
+        if split:
+            full_shape[dim] *= tp
+        p_std = scaled if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
+        full = _full_tensor(cfg, name, full_shape, p_std)
+        value = _shard(cfg, name, full, dim, tp, rank) if split else full
+        param.copy_(value.to(param.dtype))

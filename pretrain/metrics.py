@@ -1,0 +1,101 @@
+"""Metrics of the loop: a human-readable line, TensorBoard, and <run_dir>/metrics.jsonl.
+
+Throughput: tokens/s over the logging window; model TFLOP/s per device =
+flops_per_token (planner's 6N + 12·L·s·H·Q, pretrain/plan/estimate.py) x tokens/s / devices;
+MFU = that / the device's dense peak (pretrain/plan/hardware.py; none on CPU).
+Memory: max allocated on GPU, resident set size on CPU.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .config.schema import JobConfig
+from .plan.estimate import flops_per_token
+from .plan.hardware import device_name_to_type, peak_tflops
+from .plan.params import count_params
+
+
+def memory_gib() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 1024**3
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2   # KiB on Linux
+
+
+class Metrics:
+    def __init__(self, cfg: JobConfig, run_dir: Path, enabled: bool):
+        self.cfg, self.enabled = cfg, enabled
+        self.flops_per_token = flops_per_token(cfg, count_params(cfg))["model"]
+        gpu = device_name_to_type(torch.cuda.get_device_name()) if torch.cuda.is_available() else "cpu"
+        self.peak = peak_tflops(gpu, cfg.precision.bf16 or cfg.precision.fp16)
+        self.devices = cfg.derived.world_size
+        self.window_start, self.window_tokens, self.window_samples = time.perf_counter(), 0, 0
+        self.skipped_total = 0
+        self.writer = None
+        self.jsonl = None
+        if enabled:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            if cfg.logging.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+                self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def reset_window(self) -> None:
+        self.window_start, self.window_tokens, self.window_samples = time.perf_counter(), 0, 0
+
+    def step(self, step: int, result, lr: float, global_batch: int, consumed_samples: int) -> Optional[dict]:
+        tokens = global_batch * self.cfg.model.seq_length
+        self.window_tokens += tokens
+        self.window_samples += global_batch
+        self.skipped_total += int(result.skipped)
+        if (step + 1) % self.cfg.logging.log_interval and step + 1 != self.cfg.derived.train_iters:
+            return None
+        elapsed = max(1e-9, time.perf_counter() - self.window_start)
+        tps = self.window_tokens / elapsed
+        tflops = self.flops_per_token * tps / self.devices / 1e12
+        record = {"kind": "train", "step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+                  "loss_scale": result.loss_scale, "skipped_steps": self.skipped_total, "global_batch": global_batch,
+                  "consumed_samples": consumed_samples, "consumed_tokens": consumed_samples * self.cfg.model.seq_length,
+                  "tokens_per_s": tps, "samples_per_s": self.window_samples / elapsed,
+                  "tflops_per_device": tflops, "mfu": tflops / self.peak if self.peak else None,
+                  "memory_gib": memory_gib(), "time": time.time()}
+        self.reset_window()
+        if self.enabled:
+            self._write(record)
+            mfu = f" mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
+            gn = f"{record['grad_norm']:.3f}" if record["grad_norm"] is not None else "n/a"
+            print(f"step {record['step']:>6}/{self.cfg.derived.train_iters} | loss {record['loss']:.4f} | lr {lr:.3e} | "
+                  f"gnorm {gn} | batch {global_batch} | {tps:,.0f} tok/s | {tflops:.3f} TFLOP/s/dev{mfu} | "
+                  f"mem {record['memory_gib']:.2f} GiB | skipped {self.skipped_total}", flush=True)
+        return record
+
+    def evaluation(self, step: int, split: str, loss: float) -> dict:
+        import math
+        record = {"kind": split, "step": step, "loss": loss, "ppl": math.exp(min(loss, 50.0)), "time": time.time()}
+        if self.enabled:
+            self._write(record)
+            print(f"{split} step {step}: loss {loss:.4f} | ppl {record['ppl']:.2f}", flush=True)
+        return record
+
+    def _write(self, record: dict) -> None:
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.writer:
+            step = record["step"]
+            for key, value in record.items():
+                if key not in ("kind", "step", "time") and isinstance(value, (int, float)) and value is not None:
+                    self.writer.add_scalar(f"{record['kind']}/{key}", value, step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.jsonl:
+            self.jsonl.close()
+        if self.writer:
+            self.writer.close()
+        sys.stdout.flush()
