@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from pretrain.cli_args import split_overrides
@@ -53,8 +54,11 @@ def main() -> int:
         return 2
     ensure_data(job)
     run_dir = Path(job.run_dir)
-    if run_dir.exists() and (run_dir / "final.json").exists():
-        shutil.rmtree(run_dir)   # no resume before the checkpoint issue: a finished run is restarted
+    if run_dir.exists() and any(run_dir.iterdir()):
+        # Resume arrives with the checkpoint issue; until then a new run never overwrites an old one.
+        kept = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        shutil.move(str(run_dir), kept)
+        print(f">> {run_dir} existed: moved to {kept}", flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(job))
     code = launch_local(job, run_dir)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 
@@ -82,18 +82,17 @@ class StepBatches:
         return out
 
 
-def split_sizes(cfg: JobConfig, eval_runs: int) -> tuple[int, int, int]:
-    """Samples each split must provide: the whole run, every validation run, one test pass."""
+def split_sizes(cfg: JobConfig) -> tuple[int, int, int]:
+    """Samples each split must provide: the whole run, and one evaluation window each."""
     from .config.derive import batch_ramp
     train = batch_ramp(cfg).samples_after_steps(cfg.derived.train_iters)
-    per_eval = cfg.eval.eval_iters * cfg.batch.global_batch_size
-    return train, max(1, eval_runs) * per_eval, per_eval
+    window = max(1, cfg.eval.eval_iters) * cfg.batch.global_batch_size
+    return train, window, window
 
 
-def eval_batches(dataset, cfg: JobConfig, dp_rank: int, dp_size: int, run: int,
-                 iters: Optional[int] = None) -> List[List[Dict[str, torch.Tensor]]]:
-    """Validation run `run` reads its own fixed window of the held-out split."""
-    iters = iters or cfg.eval.eval_iters
+def eval_batches(dataset, cfg: JobConfig, dp_rank: int, dp_size: int) -> List[List[Dict[str, torch.Tensor]]]:
+    """The fixed evaluation window (the first eval_iters global batches of the split), so
+    every validation point of a run, and of runs compared with each other, sees the same text."""
     sb = StepBatches(dataset, cfg.batch.micro_batch_size, dp_rank, dp_size)
     g = cfg.batch.global_batch_size
-    return [sb.micro_batches((run * iters + i) * g, g) for i in range(iters)]
+    return [sb.micro_batches(i * g, g) for i in range(cfg.eval.eval_iters)]

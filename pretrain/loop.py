@@ -38,7 +38,7 @@ class Trainer:
         self.lr_kwargs = dict(lr=cfg.optim.lr, min_lr=cfg.optim.min_lr, style=s.lr_decay_style, warmup=s.lr_warmup,
                               decay=decay, wsd_decay=s.lr_wsd_decay, wsd_decay_style=s.lr_wsd_decay_style)
         self.unit_tokens = unit_tokens
-        train, valid, test = build_datasets(cfg, *split_sizes(cfg, 1))
+        train, valid, test = build_datasets(cfg, *split_sizes(cfg))
         self.train_batches = StepBatches(train, cfg.batch.micro_batch_size, engine.dp_rank, engine.dp_size)
         self.valid, self.test = valid, test
         self.metrics = Metrics(cfg, self.run_dir, engine.is_logging_rank())
@@ -56,7 +56,7 @@ class Trainer:
         dataset = self.valid if split == "valid" else self.test
         if dataset is None or self.cfg.eval.eval_iters == 0:
             return None
-        batches = eval_batches(dataset, self.cfg, self.engine.dp_rank, self.engine.dp_size, run=0)
+        batches = eval_batches(dataset, self.cfg, self.engine.dp_rank, self.engine.dp_size)
         loss = sum(self.engine.eval_loss(b) for b in batches) / len(batches)
         self.history.append(self.metrics.evaluation(self.state.step, split, loss))
         return loss

@@ -97,7 +97,7 @@ def test_unknown_key_inside_a_recipe_file_names_the_file(tmp_path, monkeypatch):
     assert "recipes/bad.yaml" in str(err.value)
 
 
-def test_hydra_cfg_job_dry_run_and_multirun():
+def test_hydra_cfg_job_dry_run():
     out = subprocess.run([PY, "-m", "pretrain.train", "-cn", "gpt-7b", "--cfg", "job"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout
     assert "num_layers: 32" in out and "hidden_size: 4096" in out

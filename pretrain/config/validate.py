@@ -118,8 +118,10 @@ def validate(cfg: JobConfig) -> None:
             "parallel.num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage so the rest divide evenly.")
     vpp = p.virtual_pipeline_model_parallel_size
     if vpp is not None:
-        add(f"parallel.virtual_pipeline_model_parallel_size={vpp}: the interleaved schedule is not enabled in "
-            "this version (its gradients did not match the 1F1B schedule in our CPU tests). Fix: unset it.")
+        if pp == 2 and cfg.cluster.gpu_type == "cpu":
+            add(f"parallel.virtual_pipeline_model_parallel_size={vpp} with pipeline_model_parallel_size=2 on CPU: "
+                "gloo pairs the interleaved schedule's simultaneous sends to the one neighbour wrongly (wrong "
+                "gradients; NCCL is fine). Fix: PP>=4 for interleaving on CPU, or unset it.")
         if pp < 2:
             add(f"parallel.virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size>1 (is {pp}).")
         elif min(stages) > 0 and any(n % vpp for n in stages):
