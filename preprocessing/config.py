@@ -11,7 +11,7 @@ from typing import Dict, List
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from pretrain.config.schema import doc
+from pretrain.config.schema import TokenizerConfig, doc
 
 
 @dataclass
@@ -74,7 +74,8 @@ class SplitConfig:
 
 
 @dataclass
-class TokenizerSpec:
+class TokenizerSpec(TokenizerConfig):
+    """data.tokenizer (type, path) plus how to train one when `train` is set."""
     type: str = doc("hf", "'hf', 'gpt2' or 'sentencepiece' (as data.tokenizer.type).")
     path: str = doc(MISSING, "Tokenizer directory/file to load, or to write when trained.")
     train: bool = doc(False, "Train a byte-level BPE on the train split instead of loading.")

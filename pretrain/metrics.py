@@ -64,15 +64,16 @@ class Metrics:
                   "consumed_samples": consumed_samples, "consumed_tokens": consumed_samples * self.cfg.model.seq_length,
                   "tokens_per_s": tps, "samples_per_s": self.window_samples / elapsed,
                   "tflops_per_device": tflops, "mfu": tflops / self.peak if self.peak else None,
-                  "memory_gib": memory_gib(), "time": time.time()}
+                  "memory_gib": memory_gib() if self.cfg.logging.log_memory else None, "time": time.time()}
         self.reset_window()
         if self.enabled:
             self._write(record)
             mfu = f" mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
             gn = f"{record['grad_norm']:.3f}" if record["grad_norm"] is not None else "n/a"
+            mem = f" | mem {record['memory_gib']:.2f} GiB" if record["memory_gib"] is not None else ""
             print(f"step {record['step']:>6}/{self.cfg.derived.train_iters} | loss {record['loss']:.4f} | lr {lr:.3e} | "
                   f"gnorm {gn} | batch {global_batch} | {tps:,.0f} tok/s | {tflops:.3f} TFLOP/s/dev{mfu} | "
-                  f"mem {record['memory_gib']:.2f} GiB | skipped {self.skipped_total}", flush=True)
+                  f"skipped {self.skipped_total}{mem}", flush=True)
         return record
 
     def evaluation(self, step: int, split: str, loss: float) -> dict:

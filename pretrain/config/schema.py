@@ -136,7 +136,6 @@ class DataConfig:
     mock: bool = doc(False, "Train on megatron-core's synthetic tokens (throughput tests only).")
     tokenizer: TokenizerConfig = doc(None, "Tokenizer used for the data (and saved with exports).", factory=TokenizerConfig)
     cache_dir: Optional[str] = doc(None, "Where GPTDataset index caches live; null means <blend dir>/cache.")
-    num_workers: int = doc(1, "DataLoader worker processes per rank.")
     preprocess: str = doc("demo", "Preprocessing pipeline config that produces the blend (preprocessing/conf/<name>.yaml).")
 
 

@@ -142,11 +142,12 @@ class MegatronEngine:
     def _mean_loss(self, outputs) -> float:
         """Loss on the last PP stage averaged over micro-batches and DP, shared with all ranks."""
         ps = self.ps
-        value = torch.zeros(1, dtype=torch.float64)
-        if ps.is_pipeline_last_stage(ignore_virtual=True):
-            value[0] = sum(float(o["lm loss"]) for o in outputs) / max(1, len(outputs))
-        if not self.on_cpu:
-            value = value.cuda()
+        device = "cpu" if self.on_cpu else torch.cuda.current_device()
+        if ps.is_pipeline_last_stage(ignore_virtual=True) and outputs:
+            # Summed on the device: one host sync per step (the .item() below), not one per micro-batch.
+            value = torch.stack([o["lm loss"] for o in outputs]).double().mean().reshape(1)
+        else:
+            value = torch.zeros(1, dtype=torch.float64, device=device)
         dist.all_reduce(value, group=ps.get_data_parallel_group())
         value /= self.dp_size
         if ps.get_pipeline_model_parallel_world_size() > 1:

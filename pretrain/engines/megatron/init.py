@@ -4,8 +4,8 @@ megatron-core initialises each rank's shard from the RNG stream of its stage, so
 model starts from different weights than PP=1 and their losses cannot be compared. Here
 every weight matrix is drawn from a generator seeded by (seed, its global name), built
 at full size and sliced to this rank's shard. Biases and norms keep megatron-core's
-deterministic zeros/ones. Costs one full-size tensor per parameter at start-up
-(`model.layout_invariant_init=false` keeps megatron-core's own init).
+deterministic zeros/ones. Costs one transient full-size tensor per parameter at start-up,
+on the parameter's device (`model.layout_invariant_init=false` keeps megatron-core's own init).
 """
 from __future__ import annotations
 
@@ -33,9 +33,12 @@ def global_name(name: str, layer_offset: int, tied: bool) -> str:
     return name
 
 
-def _full_tensor(cfg: JobConfig, name: str, full_shape, std: float) -> torch.Tensor:
-    g = torch.Generator().manual_seed(_seed_for(cfg.seed, name))
-    return torch.randn(full_shape, generator=g, dtype=torch.float32) * std
+def _full_tensor(cfg: JobConfig, name: str, full_shape, std: float, device) -> torch.Tensor:
+    # Drawn where the parameter lives: on GPUs a full 175B-scale matrix takes milliseconds there,
+    # minutes on the host. CPU and CUDA generators give different streams, so equal layouts
+    # are guaranteed per device type, not between a CPU and a GPU run.
+    g = torch.Generator(device=device).manual_seed(_seed_for(cfg.seed, name))
+    return torch.randn(full_shape, generator=g, dtype=torch.float32, device=device) * std
 
 
 def _shard(cfg: JobConfig, name: str, full: torch.Tensor, dim: int, tp: int, rank: int) -> torch.Tensor:
@@ -63,6 +66,6 @@ def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int) -> Non
         if split:
             full_shape[dim] *= tp
         p_std = scaled if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
-        full = _full_tensor(cfg, name, full_shape, p_std)
+        full = _full_tensor(cfg, name, full_shape, p_std, param.device)
         value = _shard(cfg, name, full, dim, tp, rank) if split else full
         param.copy_(value.to(param.dtype))
