@@ -12,13 +12,15 @@ JSON   ?=
 INPUT  ?=
 OUTPUT ?=
 TOKENIZER ?=
+CKPT   ?=
 # $(value ...) keeps make from expanding $(...) inside user text; exported verbatim.
 override RECIPE    := $(value RECIPE)
 override OVERRIDES := $(value OVERRIDES)
 override INPUT     := $(value INPUT)
 override OUTPUT    := $(value OUTPUT)
 override TOKENIZER := $(value TOKENIZER)
-export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER
+override CKPT      := $(value CKPT)
+export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT
 
 STAMP := $(VENV)/.installed
 
@@ -71,6 +73,9 @@ bench: bench-preprocess bench-train  ## all benchmarks
 
 pretrain: $(STAMP)  ## compose, validate, prepare data and train RECIPE (local torchrun here)
 	$(PY) -m launch
+
+ckpt-info: $(STAMP)  ## CKPT=<dir>: step, tokens, layout, precision of a checkpoint; config diff against RECIPE
+	$(PY) -m pretrain.ckpt_info
 
 clean:  ## remove runs/ and outputs (keeps data/ and .venv)
 	rm -rf runs outputs multirun

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from pretrain.cli_args import split_overrides
-from pretrain.config import ConfigError, load_recipe, to_yaml
+from pretrain.config import ConfigError, config_diff, load_recipe, to_yaml
 
 
 def ensure_data(job) -> None:
@@ -26,6 +26,23 @@ def ensure_data(job) -> None:
     from preprocessing.pipeline import run_pipeline
     print(f">> {job.data.blend} is missing: running preprocessing/conf/{job.data.preprocess}.yaml", flush=True)
     run_pipeline(load_config(job.data.preprocess))
+
+
+def prepare_run_dir(job, run_dir: Path) -> None:
+    """Same config as the run already there: continue it (the trainer resumes from its newest
+    checkpoint). Different config: keep the old run untouched under a new name and start fresh."""
+    old = run_dir / "config.yaml"
+    diff = config_diff(old.read_text(), job) if old.exists() else None
+    if old.exists() and not diff:
+        print(f">> {run_dir} holds this run: continuing it from its newest checkpoint", flush=True)
+        return
+    if run_dir.exists() and any(run_dir.iterdir()):
+        kept = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        shutil.move(str(run_dir), kept)
+        changed = ", ".join(key for key, _, _ in diff[:6]) if diff else "no config.yaml"
+        print(f">> {run_dir} held a different run ({changed}): moved to {kept}. To continue that one with "
+              f"this config instead, pass checkpoint.load={kept}/checkpoints", flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def launch_local(job, run_dir: Path) -> int:
@@ -54,12 +71,7 @@ def main() -> int:
         return 2
     ensure_data(job)
     run_dir = Path(job.run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        # Resume arrives with the checkpoint issue; until then a new run never overwrites an old one.
-        kept = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        shutil.move(str(run_dir), kept)
-        print(f">> {run_dir} existed: moved to {kept}", flush=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    prepare_run_dir(job, run_dir)
     (run_dir / "config.yaml").write_text(to_yaml(job))
     code = launch_local(job, run_dir)
     if code == 0:

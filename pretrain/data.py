@@ -9,6 +9,7 @@ Index caches go to `data.cache_dir` so a job start does not rebuild them.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
@@ -32,7 +33,8 @@ class DatasetTokenizer:
 
 def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_samples: int,
                    is_built_on_rank=lambda: True):
-    """(train, valid, test) GPTDatasets of at least the given sizes (mock data when data.mock)."""
+    """(train, valid, test) GPTDatasets of at least the given sizes (mock data when data.mock).
+    With data.mix_phases, train is a list: one GPTDataset per train source (pretrain/data_mix.py)."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
@@ -51,15 +53,32 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
                              f"{cfg.model.vocab_size}. Fix: raise model.vocab_size or use the recipe's data option.")
         tok = DatasetTokenizer(info.get("vocab_size", cfg.model.vocab_size), int(info.get("eod", 0)))
         cache = cfg.data.cache_dir or str(blend_path.parent / "cache")
-    config = GPTDatasetConfig(
-        random_seed=cfg.seed, sequence_length=cfg.model.seq_length, blend_per_split=blend_per_split,
-        path_to_cache=cache, tokenizer=tok, reset_position_ids=False, reset_attention_mask=False,
-        eod_mask_loss=False, create_attention_mask=False, mmap_bin_files=True)
-    if cfg.data.mock:
-        config.mock = True
-    cls = MockGPTDataset if cfg.data.mock else GPTDataset
-    return BlendedMegatronDatasetBuilder(cls, [train_samples, eval_samples, test_samples], is_built_on_rank,
-                                         config).build()
+
+    def build(blends, sizes):
+        config = GPTDatasetConfig(
+            random_seed=cfg.seed, sequence_length=cfg.model.seq_length, blend_per_split=blends,
+            path_to_cache=cache, tokenizer=tok, reset_position_ids=False, reset_attention_mask=False,
+            eod_mask_loss=False, create_attention_mask=False, mmap_bin_files=True)
+        if cfg.data.mock:
+            config.mock = True
+        cls = MockGPTDataset if cfg.data.mock else GPTDataset
+        return BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank, config).build()
+
+    phases = cfg.data.mix_phases
+    if not phases:
+        return build(blend_per_split, [train_samples, eval_samples, test_samples])
+    prefixes = blend_per_split[0][0]
+    if len(prefixes) != len(phases[0].weights):
+        raise ValueError(f"data.mix_phases gives {len(phases[0].weights)} weights per phase but {cfg.data.blend} "
+                         f"has {len(prefixes)} train sources ({prefixes}). Fix: one weight per source, in that order.")
+    _, valid, test = build([None] + blend_per_split[1:], [0, eval_samples, test_samples])
+    sources = []
+    for j, prefix in enumerate(prefixes):
+        share = max(ph.weights[j] / sum(ph.weights) for ph in phases)
+        # Enough samples for this source's largest share of the run (+1%); indexing wraps beyond that.
+        need = max(1, math.ceil(share * train_samples * 1.01))
+        sources.append(build([([prefix], None), None, None], [need, 0, 0])[0])
+    return sources, valid, test
 
 
 def collate(samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
@@ -72,6 +91,15 @@ class StepBatches:
 
     def __init__(self, dataset, micro_batch_size: int, dp_rank: int, dp_size: int):
         self.dataset, self.mbs, self.dp_rank, self.dp_size = dataset, micro_batch_size, dp_rank, dp_size
+
+    def state(self) -> dict:          # the position is consumed_samples alone
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        pass
+
+    def current_weights(self) -> None:
+        return None
 
     def micro_batches(self, consumed: int, global_batch: int) -> List[Dict[str, torch.Tensor]]:
         per_micro = self.mbs * self.dp_size

@@ -1,29 +1,50 @@
 """The training loop, engine-agnostic: ramp -> micro-batches -> engine step -> metrics.
 
-State the loop owns (step, consumed samples) lives in `LoopState`; with the engine's model
-and optimizer it is everything a checkpoint needs. Engines provide `train_step(micro_batches,
-lr) -> StepResult`, `eval_loss(micro_batches) -> float`, `dp_rank`, `dp_size`,
-`is_logging_rank()` and `shutdown()`.
+State the loop owns (step, consumed samples, skipped steps, data-mix counters) lives in
+`LoopState`; with the engine's model, optimizer and RNG it is everything a checkpoint holds
+(pretrain/checkpoint.py). LR and batch size are functions of that state, so a resumed run
+takes exactly the steps the uninterrupted one would have. Engines provide
+`train_step(micro_batches, lr) -> StepResult`, `eval_loss(micro_batches) -> float`, `dp_rank`,
+`dp_size`, `is_logging_rank()`, `checkpoint_meta()`, `save_checkpoint(dir)`,
+`load_checkpoint(dir, meta, weights_only)` and `shutdown()`.
 """
 from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from .checkpoint import CheckpointStore, resolve
+from .config import to_yaml
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
 from .data import StepBatches, build_datasets, eval_batches, split_sizes
+from .data_mix import PhasedMix
 from .metrics import Metrics
 from .schedules import lr_at
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    import torch
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for dist_name in ("megatron-core", "deepspeed"):
+        try:
+            out[dist_name] = md.version(dist_name)
+        except md.PackageNotFoundError:
+            pass
+    return out
 
 
 @dataclass
 class LoopState:
     step: int = 0                 # optimizer steps taken
     consumed_samples: int = 0     # samples consumed by those steps (the data position)
+    skipped_steps: int = 0        # fp16 overflow steps among them
+    data: dict = field(default_factory=dict)   # data-mix counters (pretrain/data.py), empty for a fixed mix
 
 
 class Trainer:
@@ -39,16 +60,57 @@ class Trainer:
                               decay=decay, wsd_decay=s.lr_wsd_decay, wsd_decay_style=s.lr_wsd_decay_style)
         self.unit_tokens = unit_tokens
         train, valid, test = build_datasets(cfg, *split_sizes(cfg))
-        self.train_batches = StepBatches(train, cfg.batch.micro_batch_size, engine.dp_rank, engine.dp_size)
+        if cfg.data.mix_phases:
+            phases = [(ph.start_tokens, list(ph.weights)) for ph in cfg.data.mix_phases]
+            self.train_batches = PhasedMix(train, phases, cfg.model.seq_length, cfg.batch.micro_batch_size,
+                                           engine.dp_rank, engine.dp_size)
+        else:
+            self.train_batches = StepBatches(train, cfg.batch.micro_batch_size, engine.dp_rank, engine.dp_size)
         self.valid, self.test = valid, test
         self.metrics = Metrics(cfg, self.run_dir, engine.is_logging_rank())
         self.history: List[dict] = []
-        if engine.is_logging_rank():
-            # Said once, loudly: the checkpoint section is composed and validated, but saving and
-            # resuming arrive with the checkpoint issue (#5); nothing is written to checkpoint.dir.
-            print(f"WARNING: checkpointing is not implemented in this version: checkpoint.save_interval="
-                  f"{cfg.checkpoint.save_interval} writes nothing and a restarted run starts from step 0.",
-                  flush=True)
+        c = cfg.checkpoint
+        self.store = CheckpointStore(c.dir or self.run_dir / "checkpoints", c.keep_last, log=self.log)
+        self.saved_step = -1
+
+    def log(self, text: str) -> None:
+        if self.engine.is_logging_rank():
+            print(text, flush=True)
+
+    # ---- checkpoints ----------------------------------------------------------------
+    def resume(self) -> None:
+        """Continue from checkpoint.dir's newest intact checkpoint, else start from checkpoint.load."""
+        c = self.cfg.checkpoint
+        found, weights_only = self.store.find_resumable(), False
+        if found is None and c.load:
+            found, weights_only = resolve(c.load), c.load_weights_only
+        if found is None:
+            return
+        self.engine.load_checkpoint(found.engine_dir, found.meta, weights_only)
+        if weights_only:
+            self.log(f">> initialised weights from {found.path} (step {found.meta['step']}); optimizer, step and data "
+                     "start fresh")
+            return
+        self.state = LoopState(**found.meta["loop"])
+        self.train_batches.load_state(self.state.data)
+        self.metrics.skipped_total = self.state.skipped_steps
+        self.saved_step = self.state.step
+        self.log(f">> resumed from {found.path}: step {self.state.step}, {self.state.consumed_samples} samples consumed")
+
+    def save(self) -> None:
+        import time
+        started, st = time.perf_counter(), self.state
+        st.data = self.train_batches.state()
+        st.skipped_steps = self.metrics.skipped_total
+        directory = self.store.begin(st.step)
+        self.engine.save_checkpoint(directory)
+        meta = {"loop": asdict(st), "consumed_tokens": st.consumed_samples * self.cfg.model.seq_length,
+                "engine_state": self.engine.checkpoint_meta(), "recipe": self.cfg.name, "config": to_yaml(self.cfg),
+                "versions": versions()}
+        path = self.store.commit(st.step, meta)
+        self.saved_step = st.step
+        self.log(f">> saved checkpoint {path} in {time.perf_counter() - started:.1f} s")
+        self.metrics.reset_window()          # throughput excludes the save
 
     def lr(self, state: LoopState, global_batch: int) -> float:
         """LR of the step about to be taken (position = steps or tokens after it)."""
@@ -78,7 +140,9 @@ class Trainer:
                           record_shapes=False)
 
     def train(self) -> List[dict]:
-        cfg, st = self.cfg, self.state
+        cfg = self.cfg
+        self.resume()
+        st, interval = self.state, cfg.checkpoint.save_interval
         with self._profiler() as prof:
             while st.step < cfg.derived.train_iters:
                 global_batch = self.ramp.global_batch(st.consumed_samples)
@@ -86,14 +150,19 @@ class Trainer:
                 micro = self.train_batches.micro_batches(st.consumed_samples, global_batch)
                 result = self.engine.train_step(micro, lr)
                 st.consumed_samples += global_batch
-                record = self.metrics.step(st.step, result, lr, global_batch, st.consumed_samples)
+                record = self.metrics.step(st.step, result, lr, global_batch, st.consumed_samples,
+                                           self.train_batches.current_weights())
                 st.step += 1
                 if record:
                     self.history.append(record)
                 if prof is not None:
                     prof.step()
+                if interval > 0 and st.step % interval == 0:
+                    self.save()
                 if cfg.eval.eval_interval and st.step % cfg.eval.eval_interval == 0 and st.step < cfg.derived.train_iters:
                     self.evaluate("valid")
+        if cfg.checkpoint.save_final and self.saved_step != st.step:
+            self.save()
         self.evaluate("valid")
         if cfg.eval.final_test:
             self.evaluate("test")

@@ -49,7 +49,8 @@ class Metrics:
     def reset_window(self) -> None:
         self.window_start, self.window_tokens, self.window_samples = time.perf_counter(), 0, 0
 
-    def step(self, step: int, result, lr: float, global_batch: int, consumed_samples: int) -> Optional[dict]:
+    def step(self, step: int, result, lr: float, global_batch: int, consumed_samples: int,
+             mix_weights: Optional[list] = None) -> Optional[dict]:
         tokens = global_batch * self.cfg.model.seq_length
         self.window_tokens += tokens
         self.window_samples += global_batch
@@ -65,6 +66,8 @@ class Metrics:
                   "tokens_per_s": tps, "samples_per_s": self.window_samples / elapsed,
                   "tflops_per_device": tflops, "mfu": tflops / self.peak if self.peak else None,
                   "memory_gib": memory_gib() if self.cfg.logging.log_memory else None, "time": time.time()}
+        if mix_weights is not None:
+            record["mix_weights"] = mix_weights
         self.reset_window()
         if self.enabled:
             self._write(record)
@@ -92,6 +95,8 @@ class Metrics:
             for key, value in record.items():
                 if key not in ("kind", "step", "time") and isinstance(value, (int, float)) and value is not None:
                     self.writer.add_scalar(f"{record['kind']}/{key}", value, step)
+            for j, weight in enumerate(record.get("mix_weights") or []):
+                self.writer.add_scalar(f"data/mix_weight_source{j}", weight, step)
             self.writer.flush()
 
     def close(self) -> None:

@@ -37,3 +37,25 @@ def demo_data():
         res = subprocess.run(target, cwd=REPO, capture_output=True, text=True)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return REPO / "data/demo/bpe4k"
+
+
+@pytest.fixture(scope="session")
+def reference(demo_data, tmp_path_factory):
+    """gpt-tiny on one process for tests.training.STEPS steps: what every layout must reproduce."""
+    from tests.training import train
+    return train(tmp_path_factory.mktemp("ref"), "tp1dp1", [], nproc=1)
+
+
+@pytest.fixture(scope="session")
+def layout_runs(demo_data, tmp_path_factory):
+    """layout name -> its train records; each run (2 processes) happens once per session and
+    leaves a checkpoint at step SAVE_AT under <tmp>/<name>/checkpoints."""
+    from tests.training import LAYOUTS, SAVE_AT, train
+    root, done = tmp_path_factory.mktemp("layouts"), {}
+
+    def get(name):
+        if name not in done:
+            done[name] = train(root, name, LAYOUTS[name] + [f"checkpoint.save_interval={SAVE_AT}"])
+        return done[name]
+    get.root = root
+    return get

@@ -22,6 +22,28 @@ def test_make_pretrain_end_to_end(demo_data, tmp_path):
     assert records[-1]["ppl"] > 1 and records[0]["tokens_per_s"] > 0 and records[0]["mfu"] is None   # no peak on CPU
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert "num_layers: 4" in (run_dir / "config.yaml").read_text()
-    again = subprocess.run(["make", "-s", "pretrain", "RECIPE=gpt-tiny", f"OVERRIDES={overrides}"], cwd=REPO,
-                           capture_output=True, text=True, timeout=900)
-    assert again.returncode == 0 and "existed: moved to" in again.stdout        # never overwrites a run
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000006"    # saved at the end
+
+    def make_pretrain(extra=""):
+        return subprocess.run(["make", "-s", "pretrain", "RECIPE=gpt-tiny", f"OVERRIDES={overrides}{extra}"], cwd=REPO,
+                              capture_output=True, text=True, timeout=900)
+    again = make_pretrain()                       # the same command again continues the same run: nothing to do
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "continuing it" in again.stdout and "resumed from" in again.stdout and "step      " not in again.stdout
+
+
+def test_a_different_config_never_overwrites_a_run(tmp_path, capsys):
+    from launch.__main__ import prepare_run_dir
+    from pretrain.config import load_recipe, to_yaml
+    run_dir = tmp_path / "run"
+    first = load_recipe("gpt-tiny", [f"run_dir={run_dir}"])
+    prepare_run_dir(first, run_dir)
+    (run_dir / "config.yaml").write_text(to_yaml(first))
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    prepare_run_dir(first, run_dir)                                 # same config: continue in place
+    assert "continuing it" in capsys.readouterr().out and (run_dir / "metrics.jsonl").exists()
+    prepare_run_dir(load_recipe("gpt-tiny", [f"run_dir={run_dir}", "schedule.train_iters=1"]), run_dir)
+    out = capsys.readouterr().out
+    assert "held a different run (schedule.train_iters): moved to" in out and "checkpoint.load=" in out
+    kept = list(tmp_path.glob("run-*"))
+    assert len(kept) == 1 and (kept[0] / "metrics.jsonl").read_text() == "{}\n" and list(run_dir.iterdir()) == []

@@ -45,6 +45,13 @@ CASES = {
                                       "recompute_num_layers=9 exceeds the layers per pipeline stage 4"),
     "profile_steps_shape": (["profile.steps=[5,2]"], "profile.steps=[5, 2] must be [start, end]"),
     "no_decay_kinds": (["optim.no_weight_decay_on=[bias,gamma]"], "optim.no_weight_decay_on has 'gamma'"),
+    "non_adam_without_dist_opt": (["optim=lion", "parallel=dist-opt"], "distributed-optimizer checkpoints hold Adam's"),
+    "mix_phases_in_order": (["+data.mix_phases=[{start_tokens:0,weights:[1,1]},{start_tokens:0,weights:[1,2]}]"],
+                            "data.mix_phases[1].start_tokens=0 must exceed"),
+    "mix_phases_start_at_zero": (["+data.mix_phases=[{start_tokens:5,weights:[1]}]"], "the first phase must start at 0"),
+    "mix_phase_weights": (["+data.mix_phases=[{start_tokens:0,weights:[1,-1]}]"], "needs non-negative weights"),
+    "mix_phase_lengths": (["+data.mix_phases=[{start_tokens:0,weights:[1,1]},{start_tokens:9,weights:[1]}]"],
+                          "data.mix_phases[1] has 1 weights"),
     "llama_needs_rmsnorm": (["model.arch=llama"], "model.arch=llama with model.normalization=LayerNorm"),
 }
 

@@ -88,3 +88,23 @@ def from_yaml(path: str) -> JobConfig:
     """Load a resolved config.yaml written into a run directory."""
     cfg = OmegaConf.merge(OmegaConf.structured(JobConfig), OmegaConf.load(path))
     return finalize(cfg)
+
+
+def _flat(node, prefix: str = "") -> dict:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def config_diff(old: JobConfig | str, new: JobConfig | str) -> list[tuple[str, object, object]]:
+    """(field, old, new) for every set field that differs; `derived` is left out (it follows).
+    Either side may be a JobConfig or the YAML text of one (as stored in run dirs and checkpoints)."""
+    def plain(cfg):
+        node = OmegaConf.create(cfg) if isinstance(cfg, str) else OmegaConf.structured(cfg)
+        return {k: v for k, v in _flat(OmegaConf.to_container(node, resolve=True)).items()
+                if not k.startswith("derived.")}
+    a, b = plain(old), plain(new)
+    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]

@@ -131,23 +131,31 @@ class TokenizerConfig:
 
 
 @dataclass
+class MixPhase:
+    start_tokens: int = doc(0, "The phase applies to training samples from this token position on (the first phase: 0).")
+    weights: list[float] = doc(None, "Weight per train source, in the blend file's order (normalised).", factory=list)
+
+
+@dataclass
 class DataConfig:
     blend: Optional[str] = doc(None, "Data-mix file from preprocessing (per-split paths and weights); null means mock data.")
     mock: bool = doc(False, "Train on megatron-core's synthetic tokens (throughput tests only).")
     tokenizer: TokenizerConfig = doc(None, "Tokenizer used for the data (and saved with exports).", factory=TokenizerConfig)
     cache_dir: Optional[str] = doc(None, "Where GPTDataset index caches live; null means <blend dir>/cache.")
     preprocess: str = doc("demo", "Preprocessing pipeline config that produces the blend (preprocessing/conf/<name>.yaml).")
+    mix_phases: list[MixPhase] = doc(None, "Data-mix schedule: train-source weights per phase, replacing the blend's "
+                                     "train weights; empty keeps them fixed.", factory=list)
 
 
 @dataclass
 class CheckpointConfig:
-    save_interval: int = doc(1000, "Save every N steps (and at the end); 0 saves only at the end.")
-    dir: Optional[str] = doc(None, "Checkpoint directory; null means <run_dir>/checkpoints.")
-    load: Optional[str] = doc(None, "Checkpoint dir to initialise from; null resumes from dir's latest if present.")
+    save_interval: int = doc(1000, "Save every N steps; 0 disables periodic saves.")
+    save_final: bool = doc(True, "Save when training ends.")
+    dir: Optional[str] = doc(None, "Checkpoint directory; null means <run_dir>/checkpoints. A run resumes from its newest intact checkpoint here.")
+    load: Optional[str] = doc(None, "Checkpoint (root or step_* dir) to start from when dir holds none yet.")
+    load_weights_only: bool = doc(False, "From `load`, take the weights only: fresh optimizer, step 0, data from the start.")
     keep_last: int = doc(3, "Keep the newest N checkpoints (0 keeps all).")
-    format: str = doc("torch_dist", "megatron-core dist_checkpointing backend.")
-    distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' or 'dp_reshardable'.")
-    async_save: bool = doc(False, "Write checkpoints in the background.")
+    distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' (any layout) or 'dp_reshardable' (DP may change).")
 
 
 @dataclass

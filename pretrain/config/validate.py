@@ -75,6 +75,22 @@ def validate(cfg: JobConfig) -> None:
         if kind not in NO_DECAY_KINDS:
             add(f"optim.no_weight_decay_on has {kind!r}; allowed {list(NO_DECAY_KINDS)}.")
 
+    # Data-mix schedule
+    phases = cfg.data.mix_phases
+    for i, ph in enumerate(phases):
+        if not ph.weights or any(w < 0 for w in ph.weights) or sum(ph.weights) <= 0:
+            add(f"data.mix_phases[{i}].weights={list(ph.weights)} needs non-negative weights with a positive sum.")
+        if len(ph.weights) != len(phases[0].weights):
+            add(f"data.mix_phases[{i}] has {len(ph.weights)} weights, data.mix_phases[0] has "
+                f"{len(phases[0].weights)}. Fix: one weight per train source in every phase.")
+        if i and ph.start_tokens <= phases[i - 1].start_tokens:
+            add(f"data.mix_phases[{i}].start_tokens={ph.start_tokens} must exceed the previous phase's "
+                f"{phases[i - 1].start_tokens}. Fix: list phases in order.")
+    if phases and phases[0].start_tokens != 0:
+        add(f"data.mix_phases[0].start_tokens={phases[0].start_tokens}: the first phase must start at 0.")
+    if phases and cfg.data.mock:
+        add("data.mix_phases needs a blend with train sources; data.mock has none. Fix: drop one of them.")
+
     # Precision
     if cfg.precision.fp16 and cfg.precision.bf16:
         add("precision.fp16=true and precision.bf16=true are exclusive. Fix: use precision=fp16 or precision=bf16.")
@@ -177,6 +193,10 @@ def validate(cfg: JobConfig) -> None:
             "Fix: set parallel.engine=deepspeed, or use parallel.use_distributed_optimizer=true for ZeRO-1 on megatron-core.")
 
     # Optimizer and schedule
+    if o.name != "adamw" and p.engine == "megatron" and p.use_distributed_optimizer:
+        add(f"optim.name={o.name} with parallel.use_distributed_optimizer=true: megatron-core's distributed-optimizer "
+            "checkpoints hold Adam's state only, so this run could not be resumed. Fix: optim=adamw, or a parallel "
+            "option without the distributed optimizer.")
     if o.min_lr > o.lr:
         add(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}.")
     if (s.train_iters is None) == (s.train_tokens is None):

@@ -40,11 +40,12 @@ def init_distributed(timeout_minutes: int = 30) -> None:
 class MegatronEngine:
     name = "megatron"
 
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, skip_optimizer_fixes: tuple = ()):
+        """skip_optimizer_fixes: names from optimizer_state.FIXES to leave out (tests only)."""
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        self.cfg = cfg
+        self.cfg, self.skip_optimizer_fixes = cfg, skip_optimizer_fixes
         self.on_cpu = cpu_compat.apply()
         init_distributed()
         p = cfg.parallel
@@ -100,8 +101,11 @@ class MegatronEngine:
                                         disable_bucketing=i > 0) for i, c in enumerate(chunks)]
 
     def _build_optimizer(self):
+        from . import optimizer_state
         from .optimizers import build_optimizer
-        return build_optimizer(self.cfg, self.model)
+        optimizer = build_optimizer(self.cfg, self.model)
+        optimizer_state.patch(optimizer, skip=self.skip_optimizer_fixes)
+        return optimizer
 
     def _wire_grad_hooks(self) -> None:
         from megatron.core.distributed import finalize_model_grads
@@ -180,6 +184,28 @@ class MegatronEngine:
             chunk.eval()
         outputs = self._forward_backward(micro_batches, forward_only=True)
         return self._mean_loss(outputs)
+
+    # ---- checkpoints (pretrain/checkpoint.py owns directories and loop state) -----------
+    def checkpoint_meta(self) -> dict:
+        from . import checkpointing
+        return {"engine": self.name, "precision": checkpointing.precision_name(self.cfg),
+                "layout": checkpointing.layout(self),
+                "distrib_optim_sharding_type": self.cfg.checkpoint.distrib_optim_sharding_type}
+
+    def save_checkpoint(self, directory) -> None:
+        from . import checkpointing
+        checkpointing.save(self, directory)
+
+    def load_checkpoint(self, directory, meta: dict, weights_only: bool) -> None:
+        from . import checkpointing
+        if meta["engine_state"]["engine"] != self.name:
+            raise ValueError(f"{directory}: written by the {meta['engine_state']['engine']} engine; this run uses "
+                             f"{self.name}. Convert it first (see README, Checkpoints).")
+        checkpointing.load(self, directory, meta, weights_only, log=self._log)
+
+    def _log(self, text: str) -> None:
+        if self.is_logging_rank():
+            print(text, flush=True)
 
     def is_logging_rank(self) -> bool:
         return dist.get_rank() == dist.get_world_size() - 1   # last PP stage holds the loss first

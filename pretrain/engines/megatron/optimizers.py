@@ -68,10 +68,15 @@ def _swap_update_rule(wrapper, cfg: JobConfig) -> None:
     for opt in getattr(wrapper, "chained_optimizers", [wrapper]):
         # Keep megatron-core's group keys (params, wd_mult, lr_mult, ...), drop AdamW's hyperparameters.
         groups = [{k: v for k, v in g.items() if k not in adam_only} for g in opt.optimizer.param_groups]
+        # Built on a placeholder, then given the groups directly, as megatron-core does: the
+        # distributed optimizer's fp32 main params are views (not leaves), which the torch
+        # constructor refuses.
+        placeholder = [torch.zeros(1)]
         if o.name == "lion":
-            new = Lion(groups, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), weight_decay=o.weight_decay)
+            new = Lion(placeholder, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), weight_decay=o.weight_decay)
         else:
-            new = torch.optim.Adafactor(groups, lr=o.lr, beta2_decay=-0.8, weight_decay=o.weight_decay)
+            new = torch.optim.Adafactor(placeholder, lr=o.lr, beta2_decay=-0.8, weight_decay=o.weight_decay)
+        new.param_groups = [{**new.defaults, **g} for g in groups]
         opt.optimizer = new
         if hasattr(opt, "init_state_fn"):
             opt.init_state_fn = None

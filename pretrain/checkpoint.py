@@ -1,0 +1,175 @@
+"""Checkpoints, engine-agnostic: one directory per save, written atomically, `latest` last.
+
+    <checkpoint.dir>/
+      latest                 "step_00000100", replaced atomically once that directory is complete
+      step_00000100/
+        meta.json            step, consumed samples, data-mix state, layout, precision, engine,
+                             the resolved config, and the size of every file written
+        model_optim_rng/     the engine's own files (megatron-core dist_checkpointing, DeepSpeed)
+      step_00000200.tmp/     being written: never read, cleared by the next save of that step
+
+Every rank writes its shards into step_N.tmp; after a barrier rank 0 records the file sizes
+in meta.json, renames step_N.tmp -> step_N and rewrites `latest`. A crash at any point leaves
+`latest` naming the previous complete checkpoint. On resume the sizes are checked, and a
+damaged newest checkpoint is reported and skipped for the one before it. The loop's own
+state (step, consumed samples, data-mix counters) lives in meta.json, readable without torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import torch.distributed as dist
+
+FORMAT = "pretrain-checkpoint/1"
+ENGINE_DIR = "model_optim_rng"
+LATEST = "latest"
+
+
+@dataclass
+class Checkpoint:
+    path: Path          # the step directory
+    meta: dict
+
+    @property
+    def engine_dir(self) -> Path:
+        return self.path / ENGINE_DIR
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_sizes(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def read_meta(step_dir: Path) -> dict:
+    meta_path = Path(step_dir) / "meta.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"{step_dir} is not a checkpoint: it has no meta.json. Point checkpoint.load (or CKPT=) "
+                                "at a checkpoint directory (with `latest`) or at one of its step_* directories.")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{meta_path}: format {meta.get('format')!r} is not {FORMAT!r}")
+    return meta
+
+
+def damage(step_dir: Path, meta: dict) -> Optional[str]:
+    """Why this checkpoint cannot be trusted (missing or resized files), or None when intact."""
+    problems = []
+    for rel, size in meta["files"].items():
+        f = step_dir / rel
+        if not f.exists():
+            problems.append(f"{rel} is missing")
+        elif f.stat().st_size != size:
+            problems.append(f"{rel} has {f.stat().st_size} bytes, {size} written")
+    return "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "") or None
+
+
+class CheckpointStore:
+    """The step directories under one checkpoint root."""
+
+    def __init__(self, root: Path | str, keep_last: int = 0, log: Callable[[str], None] = print):
+        self.root, self.keep_last, self.log = Path(root), keep_last, log
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"step_{step:08d}"
+
+    def complete(self) -> List[Path]:
+        """Finished step directories, newest first."""
+        if not self.root.is_dir():
+            return []
+        dirs = [p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+                and (p / "meta.json").exists()]
+        return sorted(dirs, key=lambda p: p.name, reverse=True)
+
+    def find_resumable(self) -> Optional[Checkpoint]:
+        """The newest intact checkpoint, saying what was skipped on the way. The rename of
+        step_N.tmp is the commit point, so a complete step_N newer than `latest` (a crash
+        between the rename and the pointer update) is as good as the one `latest` names."""
+        candidates = self.complete()
+        for path in candidates:
+            try:
+                meta = read_meta(path)
+            except (ValueError, json.JSONDecodeError) as err:
+                self.log(f"WARNING: skipping checkpoint {path}: unreadable meta.json ({err})")
+                continue
+            problem = damage(path, meta)
+            if problem:
+                self.log(f"WARNING: skipping damaged checkpoint {path}: {problem}. Falling back to an older one.")
+                continue
+            return Checkpoint(path, meta)
+        return None
+
+    # ---- saving: every rank calls begin, writes into the returned directory, then commit ------
+    def begin(self, step: int) -> Path:
+        tmp = self.step_dir(step).with_name(self.step_dir(step).name + ".tmp")
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)          # leftovers of a crashed save
+            (tmp / ENGINE_DIR).mkdir(parents=True)
+        _barrier()
+        return tmp / ENGINE_DIR
+
+    def commit(self, step: int, meta: dict) -> Path:
+        final = self.step_dir(step)
+        tmp = final.with_name(final.name + ".tmp")
+        _barrier()                                           # every rank's shards are on disk
+        if _rank() == 0:
+            meta = dict(meta, format=FORMAT, step=step, saved_at=time.time(), files=file_sizes(tmp))
+            _write_atomic(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
+            if final.exists():                               # re-saving a step (e.g. after a rollback)
+                stale = final.with_name(final.name + f".stale-{int(time.time())}")
+                final.rename(stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp.rename(final)
+            _fsync_dir(self.root)
+            _write_atomic(self.root / LATEST, final.name + "\n")
+            self._retain()
+        _barrier()
+        return final
+
+    def _retain(self) -> None:
+        if self.keep_last <= 0:
+            return
+        for old in self.complete()[self.keep_last:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def resolve(path: Path | str) -> Checkpoint:
+    """A checkpoint named by its root (newest intact one) or by a step directory."""
+    path = Path(path)
+    if (path / "meta.json").exists():
+        return Checkpoint(path, read_meta(path))
+    found = CheckpointStore(path).find_resumable()
+    if found is None:
+        raise FileNotFoundError(f"no intact checkpoint under {path} (looked for `latest` and step_*/meta.json). "
+                                "Fix: point checkpoint.load at a checkpoint directory written by a run.")
+    return found

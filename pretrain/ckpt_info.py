@@ -1,0 +1,64 @@
+"""`make ckpt-info CKPT=<checkpoint dir or step dir> [RECIPE=... OVERRIDES=...]`.
+
+Prints what a checkpoint holds - step, tokens, engine, parallel layout, precision, files -
+and how its config differs from the recipe you would run now (checkpoint -> current), so a
+resume into a changed recipe is a decision, not a surprise. Reads meta.json only: no torch
+process group, works on a login node.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from .checkpoint import damage, resolve
+from .cli_args import split_overrides
+from .config import ConfigError, config_diff, load_recipe
+
+
+def describe(ckpt_path: str, recipe: str | None, overrides: list[str]) -> str:
+    ck = resolve(ckpt_path)
+    m, e = ck.meta, ck.meta["engine_state"]
+    lay = e["layout"]
+    loop = m["loop"]
+    size = sum(m["files"].values())
+    problem = damage(ck.path, m)
+    lines = [
+        f"checkpoint  {ck.path}",
+        f"step        {m['step']}   tokens {m['consumed_tokens']:,} ({loop['consumed_samples']:,} samples)   "
+        f"saved {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['saved_at']))}",
+        f"engine      {e['engine']}   " + ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items() if v),
+        f"layout      TP={lay['tp']} PP={lay['pp']} VPP={lay['vpp'] or '-'} CP={lay['cp']} DP={lay['dp']} "
+        f"(world {lay['world_size']}); distributed optimizer: {'yes (' + e['distrib_optim_sharding_type'] + ')' if lay['distributed_optimizer'] else 'no'}",
+        f"precision   {e['precision']}",
+        f"recipe      {m['recipe']}",
+        f"data        skipped steps {loop['skipped_steps']}" + (f"; mix state {loop['data']}" if loop["data"] else ""),
+        f"files       {len(m['files'])} files, {size / 2**20:.1f} MiB, " + (f"DAMAGED: {problem}" if problem else "intact"),
+    ]
+    if recipe:
+        current = load_recipe(recipe, overrides)
+        diff = config_diff(m["config"], current)
+        label = f"recipe {recipe}" + (f" with {' '.join(overrides)}" if overrides else "")
+        if diff:
+            lines.append(f"config diff (checkpoint -> {label}):")
+            lines += [f"  {key}: {old!r} -> {new!r}" for key, old, new in diff]
+        else:
+            lines.append(f"config      identical to {label}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ckpt = os.environ.get("CKPT") or (sys.argv[1] if len(sys.argv) > 1 else "")
+    if not ckpt:
+        print("usage: make ckpt-info CKPT=<checkpoint dir | step dir> [RECIPE=... OVERRIDES=...]", file=sys.stderr)
+        return 2
+    try:
+        print(describe(ckpt, os.environ.get("RECIPE"), split_overrides(os.environ.get("OVERRIDES", ""))))
+    except (FileNotFoundError, ValueError, ConfigError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""megatron-core dist_checkpointing for the engine: model + optimizer + RNG, any layout.
+
+Tensors are saved under global keys (layer offsets, TP/PP slices in the key's metadata), so
+a checkpoint loads into a different TP/PP/VPP/DP layout. The distributed optimizer is saved
+as `checkpoint.distrib_optim_sharding_type` (`fully_reshardable`: model-shaped tensors,
+loads at any layout; `dp_reshardable`: per-bucket, only DP may change); megatron-core's
+default raises "flattened_range is not supported" on 0.16.1. The checkpoint is written by
+the torch_dist writer, which starts helper processes: entry points need a `__main__` guard.
+
+Precision changes: a bf16/fp16 run keeps fp32 master weights in the optimizer
+(`optimizer.state.fp32_param.*`, or `optimizer.state.param.*` for the distributed
+optimizer); an fp32 run resuming from it takes its weights from those masters, not from
+the rounded half-precision copies. The other way round, a half-precision run takes its
+masters from the fp32 weights. Tensors load into templates of another dtype by casting.
+
+RNG states are per rank and restored when the layout is unchanged; otherwise every rank is
+reseeded from (seed, step) and the log says so (dropout streams cannot be mapped across TP).
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+
+from ...config.schema import JobConfig
+
+MASTER_PREFIX = {True: "optimizer.state.param", False: "optimizer.state.fp32_param"}   # by distributed optimizer
+
+
+def unwrap(chunk):
+    """DDP -> (Float16Module) -> GPTModel: keys without wrapper prefixes, the same in any precision."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
+
+
+def precision_name(cfg: JobConfig) -> str:
+    return "bf16" if cfg.precision.bf16 else "fp16" if cfg.precision.fp16 else "fp32"
+
+
+def layout(engine) -> dict:
+    ps, p = engine.ps, engine.cfg.parallel
+    return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+            "vpp": p.virtual_pipeline_model_parallel_size, "cp": ps.get_context_parallel_world_size(),
+            "dp": engine.dp_size, "world_size": torch.distributed.get_world_size(),
+            "distributed_optimizer": p.use_distributed_optimizer}
+
+
+def _rank_coords(engine) -> tuple:
+    ps = engine.ps
+    return (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(),
+            ps.get_context_parallel_rank(), engine.dp_rank)
+
+
+def _rng_sharded(engine, state: Optional[dict]):
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    lay = layout(engine)
+    return ShardedObject("rng_state", state, (lay["pp"], lay["tp"], lay["cp"], lay["dp"]), _rank_coords(engine),
+                         replica_id=0)
+
+
+def _rng_state() -> dict:
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+    state = {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+             "tracker": get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _model_sharded(engine) -> Dict[str, dict]:
+    chunks = [unwrap(c) for c in engine.model]
+    if len(chunks) == 1:
+        return {"model": chunks[0].sharded_state_dict()}
+    return {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
+
+
+def _optimizer_metadata(sharding_type: str) -> dict:
+    return {"distrib_optim_sharding_type": sharding_type}
+
+
+def save(engine, directory: Path) -> None:
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    state = _model_sharded(engine)
+    state["optimizer"] = engine.optimizer.sharded_state_dict(
+        state, is_loading=False, metadata=_optimizer_metadata(engine.cfg.checkpoint.distrib_optim_sharding_type))
+    state["rng_state"] = _rng_sharded(engine, _rng_state())
+    strategy = get_default_save_sharded_strategy("torch_dist")
+    if engine.dp_size > 1:   # each DP replica writes a part of the replicated tensors (Megatron-LM's default)
+        strategy = FullyParallelSaveStrategyWrapper(strategy, engine.ps.get_data_parallel_group(with_context_parallel=True))
+    dist_checkpointing.save(state, str(directory), sharded_strategy=strategy)
+
+
+def _retarget(template: dict, sources_of, saved_keys: set) -> None:
+    """Point each sharded tensor at the first of its candidate checkpoint keys that was saved."""
+    from dataclasses import replace
+
+    from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    missing = []
+
+    def visit(obj):
+        if isinstance(obj, (ShardedTensor, ShardedTensorFactory)):
+            for key in sources_of(obj.key):
+                if key in saved_keys or (isinstance(obj, ShardedTensorFactory)
+                                         and any(k.startswith(key) for k in saved_keys)):
+                    return obj if key == obj.key else replace(obj, key=key)
+            missing.append(obj.key)
+        return obj
+
+    dict_list_map_inplace(visit, template)
+    if missing:
+        raise KeyError(f"checkpoint lacks {len(missing)} tensors this model needs, e.g. {missing[:3]}. The model "
+                       "shape differs from the one saved: compare with `make ckpt-info CKPT=...`.")
+
+
+def _convert_plain_optimizer_state(state: dict, now_half: bool) -> None:
+    """Move the checkpoint's common entries (param groups, Adam's shared step) into the other
+    wrapper's layout: Float16Optimizer nests the torch state under 'optimizer' (beside its fp32
+    masters), FP32Optimizer does not. Tensors already sit where this run's template put them."""
+    def groups(saved, template):    # saved hyperparameters, this run's params (non-persistent)
+        return [{**g, "params": t["params"]} for g, t in zip(saved, template)]
+
+    if now_half:      # saved by FP32Optimizer, loading into Float16Optimizer
+        inner = state.setdefault("optimizer", {})
+        inner["param_groups"] = groups(state.pop("param_groups"), inner["param_groups"])
+        saved_state = state.pop("state", {})
+        if "common_step" in saved_state:
+            inner.setdefault("state", {})["common_step"] = saved_state["common_step"]
+    else:             # saved by Float16Optimizer, loading into FP32Optimizer
+        inner = state.pop("optimizer")
+        state["param_groups"] = groups(inner["param_groups"], state["param_groups"])
+        if "common_step" in inner.get("state", {}):
+            state.setdefault("state", {})["common_step"] = inner["state"]["common_step"]
+        state.pop("fp32_from_fp16_params", None)
+        state.pop("grad_scaler", None)
+
+
+def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> None:
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import load_tensors_metadata
+
+    cfg = engine.cfg
+    saved = meta["engine_state"]
+    saved_keys = set(load_tensors_metadata(str(directory)).keys())
+    saved_half = saved["precision"] != "fp32"
+    now_half = precision_name(cfg) != "fp32"
+    saved_master = MASTER_PREFIX[saved["layout"]["distributed_optimizer"]]
+    load_optimizer = not weights_only
+    if load_optimizer and saved["layout"]["distributed_optimizer"] != cfg.parallel.use_distributed_optimizer:
+        raise ValueError(f"{directory}: saved with parallel.use_distributed_optimizer="
+                         f"{saved['layout']['distributed_optimizer']}, this run has "
+                         f"{cfg.parallel.use_distributed_optimizer}; optimizer states of the two do not map. "
+                         "Fix: keep the setting, or set checkpoint.load_weights_only=true to start a fresh optimizer.")
+
+    def sources_of(key: str) -> list:
+        for prefix in (MASTER_PREFIX[True], MASTER_PREFIX[False]):
+            if key.startswith(prefix + "."):               # fp32 masters: saved masters, else fp32 weights
+                model_key = key[len(prefix) + 1:]
+                return [key, f"{saved_master}.{model_key}"] + ([] if saved_half else [model_key])
+        if key.startswith("optimizer.") or key == "rng_state":
+            return [key]
+        if saved_half and not now_half and not (load_optimizer and cfg.parallel.use_distributed_optimizer):
+            # fp32 weights from the saved fp32 masters. (The distributed optimizer's fp32 main
+            # params are views of the weights and load from the masters themselves.)
+            return [f"{saved_master}.{key}"]
+        return [key]
+
+    state = _model_sharded(engine)
+    if load_optimizer:
+        # Read in the layout it was written in, whatever this run would write.
+        sharding = _optimizer_metadata(saved["distrib_optim_sharding_type"])
+        state["optimizer"] = engine.optimizer.sharded_state_dict(state, is_loading=True, metadata=sharding)
+    _retarget(state, sources_of, saved_keys)
+    same_layout = {k: v for k, v in saved["layout"].items() if k != "distributed_optimizer"} == \
+        {k: v for k, v in layout(engine).items() if k != "distributed_optimizer"}
+    if same_layout and not weights_only:
+        state["rng_state"] = _rng_sharded(engine, None)
+    loaded = dist_checkpointing.load(state, str(directory), strict="assume_ok_unexpected")
+
+    for i, chunk in enumerate(engine.model):
+        key = "model" if len(engine.model) == 1 else f"model{i}"
+        unwrap(chunk).load_state_dict(loaded[key], strict=True)
+    if load_optimizer:
+        if not cfg.parallel.use_distributed_optimizer and saved_half != now_half:
+            _convert_plain_optimizer_state(loaded["optimizer"], now_half)
+        engine.optimizer.load_state_dict(loaded["optimizer"])
+    else:
+        engine.optimizer.reload_model_params()           # masters follow the loaded weights
+    if "rng_state" in loaded:
+        _set_rng_state(loaded["rng_state"])
+    elif not weights_only:
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+        seed = cfg.seed + 7919 * meta["step"]
+        torch.manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed)
+        log(f"NOTE: parallel layout changed {saved['layout']} -> {layout(engine)}: RNG states are not restored; "
+            f"reseeded from seed + 7919*step = {seed}. Losses match the original run only without dropout.")

@@ -1,0 +1,176 @@
+"""Checkpoints and continuity through the real entry point (torchrun, gloo, megatron-core
+dist_checkpointing): resume is exact, layouts reshard, the data mix resumes inside a phase,
+damaged checkpoints are skipped, `make ckpt-info` describes them."""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from pretrain.checkpoint import CheckpointStore
+from pretrain.config import load_recipe
+from pretrain.config.derive import batch_ramp
+from pretrain.data_mix import PhasedMix
+from tests.conftest import REPO
+from tests.training import BASE, SAVE_AT, STEPS, train
+
+RAMP = ["batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24", "batch.micro_batch_size=2",
+        "schedule.train_iters=8", "model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
+K = 3          # saved at step 3: global batches 8, 8, 12 | 16, 16, ... (the ramp crosses k)
+
+
+def ckpt(run_dir, step):
+    return run_dir / "checkpoints" / f"step_{step:08d}"
+
+
+@pytest.mark.slow
+def test_distributed_optimizer_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, demo_data):
+    # DP=2 with the distributed optimizer; dropout on, so per-rank RNG states must come back too.
+    # The uninterrupted run also checks the ramp against the calculator step by step, and profile.steps.
+    extra = RAMP + ["parallel=dist-opt"]
+    full = train(tmp_path, "full", extra + [f"checkpoint.save_interval={K}", "profile.steps=[2,3]"])
+    cfg = load_recipe("gpt-tiny", BASE + extra + ["cluster.devices_per_node=2"])
+    expected, consumed = [], 0
+    for _ in range(8):
+        expected.append(batch_ramp(cfg).global_batch(consumed))
+        consumed += expected[-1]
+    assert [r["global_batch"] for r in full] == expected == [8, 8, 12, 16, 16, 16, 16, 16]
+    assert full[-1]["consumed_samples"] == consumed
+    assert list((tmp_path / "full" / "profile").glob("*.pt.trace.json*"))       # profile.steps wrote a trace
+    resumed = train(tmp_path, "resumed", extra + [f"checkpoint.load={ckpt(tmp_path / 'full', K)}"])
+    assert [r["step"] for r in resumed] == list(range(K + 1, 9))
+    for key in ("loss", "grad_norm", "lr", "global_batch", "consumed_samples"):
+        assert [r[key] for r in resumed] == [r[key] for r in full[K:]], key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2-distopt"])
+def test_checkpoint_of_a_two_process_layout_resumes_on_one_process(tmp_path, layout_runs, layout):
+    uninterrupted = layout_runs(layout)
+    source = ckpt(layout_runs.root / layout, SAVE_AT)
+    single = ["parallel=dist-opt"] if layout == "dp2-distopt" else []
+    resumed = train(tmp_path, "one", single + [f"checkpoint.load={source}"], nproc=1)
+    assert [r["step"] for r in resumed] == list(range(SAVE_AT + 1, STEPS + 1))
+    for a, b in zip(resumed, uninterrupted[SAVE_AT:]):
+        assert abs(a["loss"] - b["loss"]) < 1e-6, (layout, a["step"], a["loss"], b["loss"])
+
+
+# ---- dynamic data mixing --------------------------------------------------------------
+class Tagged:
+    """A fake source whose every sample's tokens hold the source id and the sample index."""
+
+    def __init__(self, tag, n=1000):
+        self.tag, self.n = tag, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        t = torch.tensor([self.tag, i])
+        return {"tokens": t, "labels": t, "loss_mask": t, "position_ids": t}
+
+
+def picks(mix, consumed, batch):
+    return [tuple(x) for mb in mix.micro_batches(consumed, batch) for x in mb["tokens"].tolist()]
+
+
+def test_phase_fractions_match_the_weights_and_resume_continues_exactly():
+    seq = 4
+    phases = [(0, [3, 1]), (400 * seq, [1, 1, ]), (1000 * seq, [1, 4])]   # starts at samples 0, 400, 1000
+    mix = PhasedMix([Tagged(0), Tagged(1)], phases, seq, micro_batch_size=4, dp_rank=0, dp_size=1)
+    drawn = []
+    for step in range(100):                                              # 100 steps of 16 samples
+        drawn += picks(mix, 16 * step, 16)
+    for (start, end, weights) in [(0, 400, [0.75, 0.25]), (400, 1000, [0.5, 0.5]), (1000, 1600, [0.2, 0.8])]:
+        chunk = drawn[start:end]
+        for source, w in enumerate(weights):
+            assert abs(sum(1 for s, _ in chunk if s == source) - w * len(chunk)) <= 1   # greedy: within one sample
+    for source in (0, 1):                                                # each source read in order, no repeats
+        assert [i for s, i in drawn if s == source] == list(range(sum(1 for s, _ in drawn if s == source)))
+    # Resume inside phase 2 (sample 800) from the saved state: the same continuation.
+    replay = PhasedMix([Tagged(0), Tagged(1)], phases, seq, 4, 0, 1)
+    for step in range(50):
+        picks(replay, 16 * step, 16)
+    state = json.loads(json.dumps(replay.state()))                       # as stored in meta.json
+    resumed = PhasedMix([Tagged(0), Tagged(1)], phases, seq, 4, 0, 1)
+    resumed.load_state(state)
+    assert [x for step in range(50, 100) for x in picks(resumed, 16 * step, 16)] == drawn[800:]
+
+
+def test_data_parallel_ranks_split_the_same_global_assignment():
+    phases = [(0, [1, 2])]
+    whole = picks(PhasedMix([Tagged(0), Tagged(1)], phases, 1, 2, 0, 1), 0, 8)
+    ranks = [picks(PhasedMix([Tagged(0), Tagged(1)], phases, 1, 2, r, 2), 0, 8) for r in (0, 1)]
+    # micro-batch m of rank r holds global samples [m*4 + r*2, +2)
+    assert ranks[0] == whole[0:2] + whole[4:6] and ranks[1] == whole[2:4] + whole[6:8]
+
+
+@pytest.mark.slow
+def test_plain_optimizer_resume_in_place_inside_mix_phase_two_and_the_ramp(tmp_path, demo_data):
+    """One run covers the plain optimizer's exact resume with the batch ramp crossing k, dropout,
+    a data-mix schedule resumed inside its second phase, and a restart in the same run directory."""
+    blend = tmp_path / "two_sources.json"
+    body = json.loads((demo_data / "blend.json").read_text())
+    body["splits"]["train"] = [{"weight": 1.0, "prefix": str(demo_data / "train_text_document")},
+                               {"weight": 1.0, "prefix": str(demo_data / "valid_text_document")}]
+    for split in ("valid", "test"):
+        body["splits"][split][0]["prefix"] = str(demo_data / body["splits"][split][0]["prefix"])
+    blend.write_text(json.dumps(body))
+    # Phase 2 starts at sample 20 (token 2560), inside step 3 (samples 16..27); saved after step 3.
+    mix = RAMP + [f"data.blend={blend}",
+                  "data.mix_phases=[{start_tokens:0,weights:[3,1]},{start_tokens:2560,weights:[1,3]}]"]
+    full = train(tmp_path, "full", mix + [f"checkpoint.save_interval={K}"], nproc=1)
+    assert [r["global_batch"] for r in full] == [8, 8, 12, 16, 16, 16, 16, 16]
+    assert [r["mix_weights"] for r in full] == [[0.75, 0.25]] * 2 + [[0.25, 0.75]] * 6
+    state = json.loads((ckpt(tmp_path / "full", K) / "meta.json").read_text())["loop"]["data"]
+    assert state["phase"] == 1 and sum(state["taken"]) == 28
+    # A restart in place: the run directory holds the step-3 checkpoint and nothing newer.
+    shutil.copytree(ckpt(tmp_path / "full", K), ckpt(tmp_path / "resumed", K))
+    resumed = train(tmp_path, "resumed", mix, nproc=1)
+    assert [r["step"] for r in resumed] == list(range(K + 1, 9))
+    for key in ("loss", "grad_norm", "lr", "global_batch", "consumed_samples", "mix_weights"):
+        assert [r[key] for r in resumed] == [r[key] for r in full[K:]], key
+
+
+# ---- the store: atomic directories, damage detection, retention ------------------------
+def fake_save(store, step, payload=b"x" * 100):
+    directory = store.begin(step)
+    (directory / "shard.bin").write_bytes(payload)
+    return store.commit(step, {"loop": {"step": step}})
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path):
+    said = []
+    store = CheckpointStore(tmp_path, keep_last=0, log=said.append)
+    fake_save(store, 10)
+    newest = fake_save(store, 20)
+    (store.step_dir(30).with_name("step_00000030.tmp") / "model_optim_rng").mkdir(parents=True)   # a crashed save
+    assert store.find_resumable().path == newest
+    with open(newest / "model_optim_rng" / "shard.bin", "r+b") as f:
+        f.truncate(40)
+    found = store.find_resumable()
+    assert found.path == store.step_dir(10) and found.meta["loop"] == {"step": 10}
+    assert "damaged checkpoint" in said[0] and "shard.bin has 40 bytes, 100 written" in said[0]
+
+
+def test_keep_last_retains_the_newest_and_latest_names_the_newest(tmp_path):
+    store = CheckpointStore(tmp_path, keep_last=2)
+    for step in (1, 2, 3, 4):
+        fake_save(store, step)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000003", "step_00000004"]
+    assert (tmp_path / "latest").read_text().strip() == "step_00000004"
+
+
+@pytest.mark.slow
+def test_make_ckpt_info_prints_layout_and_config_diff(layout_runs):
+    layout_runs("tp2")
+    env = dict(os.environ, CKPT=str(layout_runs.root / "tp2" / "checkpoints"), RECIPE="gpt-tiny", OVERRIDES="")
+    assert not (layout_runs.root / "tp2" / "checkpoints" / f"step_{STEPS:08d}").exists()    # only SAVE_AT
+    res = subprocess.run(["make", "-s", "ckpt-info"], cwd=REPO, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert f"step        {SAVE_AT}   tokens {SAVE_AT * 16 * 128:,}" in out
+    assert "TP=2 PP=1" in out and "precision   fp32" in out and "intact" in out
+    assert "  parallel.tensor_model_parallel_size: 2 -> 1" in out and "  schedule.train_iters: 20 -> 300" in out

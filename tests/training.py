@@ -1,0 +1,31 @@
+"""Training runs through the real entry point for the multi-process tests.
+
+`train` runs `torchrun -m pretrain.train -cn <recipe> ...` and returns the per-step train
+records from <run_dir>/metrics.jsonl. `LAYOUTS` are the 2-process layouts that must match a
+single process; each saves a checkpoint at step 10 for the resharding tests.
+"""
+import json
+import os
+import subprocess
+
+from tests.conftest import PY, REPO
+
+STEPS = 20
+BASE = [f"schedule.train_iters={STEPS}", "batch.global_batch_size=16", "batch.micro_batch_size=4",
+        "logging.log_interval=1", "eval.eval_interval=0", "eval.eval_iters=1", "eval.final_test=false",
+        "logging.tensorboard=false", "schedule.lr_warmup=5", "optim.lr=1e-3", "optim.min_lr=1e-4",
+        "checkpoint.save_interval=0", "checkpoint.save_final=false"]
+LAYOUTS = {"tp2": ["parallel=tp2"], "tp2-sp": ["parallel=tp2-sp"], "pp2": ["parallel=pp2"],
+           "dp2-distopt": ["parallel=dist-opt"]}
+SAVE_AT = 15            # one checkpoint per layout run (the next multiple is past STEPS)
+
+
+def train(tmp_path, name, overrides, nproc=2, recipe="gpt-tiny"):
+    run_dir = tmp_path / name
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "pretrain.train",
+           "-cn", recipe, *BASE, f"cluster.devices_per_node={nproc}", f"run_dir={run_dir}", *overrides]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["kind"] == "train"]
