@@ -13,6 +13,7 @@ INPUT  ?=
 OUTPUT ?=
 TOKENIZER ?=
 CKPT   ?=
+RUN    ?=
 # $(value ...) keeps make from expanding $(...) inside user text; exported verbatim.
 override RECIPE    := $(value RECIPE)
 override OVERRIDES := $(value OVERRIDES)
@@ -20,7 +21,8 @@ override INPUT     := $(value INPUT)
 override OUTPUT    := $(value OUTPUT)
 override TOKENIZER := $(value TOKENIZER)
 override CKPT      := $(value CKPT)
-export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT
+override RUN       := $(value RUN)
+export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN
 
 STAMP := $(VENV)/.installed
 
@@ -76,6 +78,9 @@ pretrain: $(STAMP)  ## compose, validate, prepare data and train RECIPE (local t
 
 ckpt-info: $(STAMP)  ## CKPT=<dir>: step, tokens, layout, precision of a checkpoint; config diff against RECIPE
 	$(PY) -m pretrain.ckpt_info
+
+report: $(STAMP)  ## RUN=<run_dir>: steps, tokens, restarts, spikes, rollbacks, throughput; <run_dir>/report.png
+	$(PY) -m pretrain.report
 
 clean:  ## remove runs/ and outputs (keeps data/ and .venv)
 	rm -rf runs outputs multirun

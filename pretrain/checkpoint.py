@@ -4,14 +4,15 @@
       latest                 "step_00000100", replaced atomically once that directory is complete
       step_00000100/
         meta.json            step, consumed samples, data-mix state, layout, precision, engine,
-                             the resolved config, and the size of every file written
+                             the resolved config, and the size and sha256 of every file written
         model_optim_rng/     the engine's own files (megatron-core dist_checkpointing, DeepSpeed)
       step_00000200.tmp/     being written: never read, cleared by the next save of that step
 
 Every rank writes its shards into step_N.tmp; after a barrier rank 0 records the file sizes
-in meta.json, renames step_N.tmp -> step_N and rewrites `latest`. A crash at any point leaves
-`latest` naming the previous complete checkpoint. On resume the sizes are checked, and a
-damaged newest checkpoint is reported and skipped for the one before it. The loop's own
+and checksums in meta.json, renames step_N.tmp -> step_N and rewrites `latest`. A crash at any
+point leaves `latest` naming the previous complete checkpoint. On resume rank 0 checks sizes
+and checksums (`checkpoint.checksums`), a damaged newest checkpoint is reported and skipped for
+the one before it, and every rank loads the one rank 0 chose. The loop's own
 state (step, consumed samples, data-mix counters) lives in meta.json, readable without torch.
 """
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 import torch.distributed as dist
+
+from preprocessing.tokenizer_io import file_digest as sha256
 
 FORMAT = "pretrain-checkpoint/1"
 ENGINE_DIR = "model_optim_rng"
@@ -67,8 +70,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def file_sizes(root: Path) -> dict:
-    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+def manifest(root: Path, checksums: bool) -> tuple[dict, dict]:
+    """({file: size}, {file: sha256}) of every file under root (checksums empty when off)."""
+    files = [p for p in sorted(root.rglob("*")) if p.is_file()]
+    sizes = {str(p.relative_to(root)): p.stat().st_size for p in files}
+    return sizes, ({str(p.relative_to(root)): sha256(p) for p in files} if checksums else {})
 
 
 def read_meta(step_dir: Path) -> dict:
@@ -83,22 +89,27 @@ def read_meta(step_dir: Path) -> dict:
 
 
 def damage(step_dir: Path, meta: dict) -> Optional[str]:
-    """Why this checkpoint cannot be trusted (missing or resized files), or None when intact."""
+    """Why this checkpoint cannot be trusted (missing, resized or altered files), or None when intact."""
     problems = []
+    sums = meta.get("sha256", {})
     for rel, size in meta["files"].items():
         f = step_dir / rel
         if not f.exists():
             problems.append(f"{rel} is missing")
         elif f.stat().st_size != size:
             problems.append(f"{rel} has {f.stat().st_size} bytes, {size} written")
+        elif rel in sums and sha256(f) != sums[rel]:
+            problems.append(f"{rel} does not match its sha256")
     return "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "") or None
 
 
 class CheckpointStore:
     """The step directories under one checkpoint root."""
 
-    def __init__(self, root: Path | str, keep_last: int = 0, log: Callable[[str], None] = print):
-        self.root, self.keep_last, self.log = Path(root), keep_last, log
+    def __init__(self, root: Path | str, keep_last: int = 0, log: Callable[[str], None] = print,
+                 checksums: bool = True, keep_every: int = 0):
+        self.root, self.keep_last, self.log, self.checksums = Path(root), keep_last, log, checksums
+        self.keep_every = keep_every
 
     def step_dir(self, step: int) -> Path:
         return self.root / f"step_{step:08d}"
@@ -110,6 +121,13 @@ class CheckpointStore:
         dirs = [p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
                 and (p / "meta.json").exists()]
         return sorted(dirs, key=lambda p: p.name, reverse=True)
+
+    def agreed_resumable(self) -> Optional[Checkpoint]:
+        """find_resumable on rank 0 (one reader of the files), the same answer on every rank."""
+        choice = [self.find_resumable() if _rank() == 0 else None]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(choice, src=0)
+        return choice[0]
 
     def find_resumable(self) -> Optional[Checkpoint]:
         """The newest intact checkpoint, saying what was skipped on the way. The rename of
@@ -143,7 +161,8 @@ class CheckpointStore:
         tmp = final.with_name(final.name + ".tmp")
         _barrier()                                           # every rank's shards are on disk
         if _rank() == 0:
-            meta = dict(meta, format=FORMAT, step=step, saved_at=time.time(), files=file_sizes(tmp))
+            sizes, sums = manifest(tmp, self.checksums)
+            meta = dict(meta, format=FORMAT, step=step, saved_at=time.time(), files=sizes, sha256=sums)
             _write_atomic(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
             if final.exists():                               # re-saving a step (e.g. after a rollback)
                 stale = final.with_name(final.name + f".stale-{int(time.time())}")
@@ -160,6 +179,8 @@ class CheckpointStore:
         if self.keep_last <= 0:
             return
         for old in self.complete()[self.keep_last:]:
+            if self.keep_every > 0 and int(old.name.split("_")[1]) % self.keep_every == 0:
+                continue                                     # a milestone kept for good
             shutil.rmtree(old, ignore_errors=True)
 
 

@@ -98,6 +98,9 @@ class StepBatches:
     def load_state(self, state: dict) -> None:
         pass
 
+    def advance(self, consumed: int, count: int) -> None:    # skipping samples needs no bookkeeping
+        pass
+
     def current_weights(self) -> None:
         return None
 

@@ -71,6 +71,10 @@ class PhasedMix:
         self.next_sample = consumed + count
         return out
 
+    def advance(self, consumed: int, count: int) -> None:
+        """Skip samples [consumed, consumed + count) (a rollback past bad data): counted, not read."""
+        self.assign(consumed, count)
+
     def micro_batches(self, consumed: int, global_batch: int) -> List[Dict[str, torch.Tensor]]:
         picks = self.assign(consumed, global_batch)
         per_micro = self.mbs * self.dp_size

@@ -11,6 +11,7 @@ takes exactly the steps the uninterrupted one would have. Engines provide
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,20 +24,10 @@ from .config.schema import JobConfig
 from .data import StepBatches, build_datasets, eval_batches, split_sizes
 from .data_mix import PhasedMix
 from .metrics import Metrics
+from .provenance import versions
 from .schedules import lr_at
-
-
-def versions() -> dict:
-    import importlib.metadata as md
-
-    import torch
-    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    for dist_name in ("megatron-core", "deepspeed"):
-        try:
-            out[dist_name] = md.version(dist_name)
-        except md.PackageNotFoundError:
-            pass
-    return out
+from .stability import SpikeGuard
+from .watchdog import Watchdog, inject_hang
 
 
 @dataclass
@@ -45,6 +36,12 @@ class LoopState:
     consumed_samples: int = 0     # samples consumed by those steps (the data position)
     skipped_steps: int = 0        # fp16 overflow steps among them
     data: dict = field(default_factory=dict)   # data-mix counters (pretrain/data.py), empty for a fixed mix
+    lr_scale: float = 1.0         # product of rollback LR factors so far
+    rollbacks: int = 0
+
+
+class RunStopped(RuntimeError):
+    """The stability policy gave up (too many rollbacks); the message is the report."""
 
 
 class Trainer:
@@ -70,8 +67,11 @@ class Trainer:
         self.metrics = Metrics(cfg, self.run_dir, engine.is_logging_rank())
         self.history: List[dict] = []
         c = cfg.checkpoint
-        self.store = CheckpointStore(c.dir or self.run_dir / "checkpoints", c.keep_last, log=self.log)
+        self.store = CheckpointStore(c.dir or self.run_dir / "checkpoints", c.keep_last, log=self.log,
+                                     checksums=c.checksums, keep_every=c.keep_every)
         self.saved_step = -1
+        self.guard = SpikeGuard(cfg)
+        self.faults_fired: set = set()
 
     def log(self, text: str) -> None:
         if self.engine.is_logging_rank():
@@ -81,7 +81,7 @@ class Trainer:
     def resume(self) -> None:
         """Continue from checkpoint.dir's newest intact checkpoint, else start from checkpoint.load."""
         c = self.cfg.checkpoint
-        found, weights_only = self.store.find_resumable(), False
+        found, weights_only = self.store.agreed_resumable(), False
         if found is None and c.load:
             found, weights_only = resolve(c.load), c.load_weights_only
         if found is None:
@@ -96,6 +96,50 @@ class Trainer:
         self.metrics.skipped_total = self.state.skipped_steps
         self.saved_step = self.state.step
         self.log(f">> resumed from {found.path}: step {self.state.step}, {self.state.consumed_samples} samples consumed")
+
+    def rollback(self) -> None:
+        """Back to the newest intact checkpoint with a lower LR, past (or replaying) the data since."""
+        st, c = self.state, self.cfg.stability
+        found = self.store.agreed_resumable()
+        if found is None:
+            self.metrics.event({"kind": "rollback_impossible", "step": st.step, "why": "no checkpoint yet"})
+            return
+        if st.rollbacks >= c.max_rollbacks:
+            self.metrics.event({"kind": "stopped", "step": st.step, "rollbacks": st.rollbacks})
+            raise RunStopped(f"stopping at step {st.step}: a rollback was needed after {st.rollbacks} rollbacks "
+                             f"(stability.max_rollbacks={c.max_rollbacks}). Events: {self.run_dir / 'events.jsonl'}; "
+                             f"last good checkpoint: {found.path}. `make report RUN={self.run_dir}` summarises the run.")
+        spike_step, spike_consumed = st.step, st.consumed_samples
+        self.engine.load_checkpoint(found.engine_dir, found.meta, weights_only=False)
+        restored = LoopState(**found.meta["loop"])
+        self.train_batches.load_state(restored.data)
+        if c.rollback_data == "skip":
+            self.train_batches.advance(restored.consumed_samples, spike_consumed - restored.consumed_samples)
+            restored.consumed_samples = spike_consumed
+        restored.lr_scale = st.lr_scale * c.rollback_lr_factor
+        restored.rollbacks = st.rollbacks + 1
+        restored.skipped_steps = self.metrics.skipped_total
+        for key, value in asdict(restored).items():
+            setattr(st, key, value)
+        self.metrics.event({"kind": "rollback", "step": spike_step, "to_step": st.step, "checkpoint": str(found.path),
+                            "lr_scale": st.lr_scale, "data": c.rollback_data, "consumed_samples": st.consumed_samples})
+
+    def _inject_faults(self, micro: list, step: int, rank: int) -> None:
+        """fault.* (tests and fire drills): poison this step's batch in place, once per process (a
+        rollback that returns to the step must not meet the same fault: the bad data was skipped)."""
+        f = self.cfg.fault
+        if step in self.faults_fired:
+            return
+        self.faults_fired.add(step)
+        if step == f.nan_at_step and rank == f.rank:
+            print(f"FAULT INJECTED: rank {rank} has a NaN loss mask at step {step}", flush=True)
+            for mb in micro:
+                mb["loss_mask"] = mb["loss_mask"].float() * float("nan")
+        if step == f.poison_at_step:
+            import torch
+            gen = torch.Generator().manual_seed(step)
+            for mb in micro:
+                mb["labels"] = torch.randint(0, self.cfg.model.vocab_size, mb["labels"].shape, generator=gen)
 
     def save(self) -> None:
         import time
@@ -118,7 +162,7 @@ class Trainer:
             position = (state.consumed_samples + global_batch) * self.cfg.model.seq_length
         else:
             position = state.step + 1
-        return lr_at(position, **self.lr_kwargs)
+        return lr_at(position, **self.lr_kwargs) * state.lr_scale
 
     def evaluate(self, split: str) -> Optional[float]:
         dataset = self.valid if split == "valid" else self.test
@@ -140,32 +184,51 @@ class Trainer:
                           record_shapes=False)
 
     def train(self) -> List[dict]:
+        import torch.distributed as dist
         cfg = self.cfg
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        watchdog = Watchdog(self.run_dir, cfg.stability.watchdog_minutes, rank)
+        watchdog.kick()
         self.resume()
         st, interval = self.state, cfg.checkpoint.save_interval
         with self._profiler() as prof:
             while st.step < cfg.derived.train_iters:
+                if st.step + 1 == cfg.fault.hang_at_step and rank == cfg.fault.rank:
+                    print(f"FAULT INJECTED: rank {rank} stops before step {st.step + 1}", flush=True)
+                    inject_hang()
                 global_batch = self.ramp.global_batch(st.consumed_samples)
                 lr = self.lr(st, global_batch)
                 micro = self.train_batches.micro_batches(st.consumed_samples, global_batch)
-                result = self.engine.train_step(micro, lr)
+                self._inject_faults(micro, st.step + 1, rank)
+                result = self.engine.train_step(micro, lr, approve=functools.partial(self.guard.approve, st.step + 1))
+                if self.guard.event:
+                    self.metrics.event(self.guard.event, rank=rank)
                 st.consumed_samples += global_batch
                 record = self.metrics.step(st.step, result, lr, global_batch, st.consumed_samples,
                                            self.train_batches.current_weights())
                 st.step += 1
+                watchdog.kick()
                 if record:
                     self.history.append(record)
                 if prof is not None:
                     prof.step()
+                if self.guard.wants_rollback:
+                    self.rollback()
+                    watchdog.kick()
+                    continue
                 if interval > 0 and st.step % interval == 0:
                     self.save()
+                    watchdog.kick()
                 if cfg.eval.eval_interval and st.step % cfg.eval.eval_interval == 0 and st.step < cfg.derived.train_iters:
                     self.evaluate("valid")
+                    watchdog.kick()
         if cfg.checkpoint.save_final and self.saved_step != st.step:
             self.save()
+            watchdog.kick()
         self.evaluate("valid")
         if cfg.eval.final_test:
             self.evaluate("test")
+        watchdog.stop()
         if self.engine.is_logging_rank():
             (self.run_dir / "final.json").write_text(json.dumps({"state": asdict(st), "final": self.history[-2:]}))
         self.metrics.close()

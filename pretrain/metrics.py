@@ -42,6 +42,7 @@ class Metrics:
         if enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
             self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            self.events = open(run_dir / "events.jsonl", "a", encoding="utf-8")
             if cfg.logging.tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
                 self.writer = SummaryWriter(str(run_dir / "tensorboard"))
@@ -66,6 +67,8 @@ class Metrics:
                   "tokens_per_s": tps, "samples_per_s": self.window_samples / elapsed,
                   "tflops_per_device": tflops, "mfu": tflops / self.peak if self.peak else None,
                   "memory_gib": memory_gib() if self.cfg.logging.log_memory else None, "time": time.time()}
+        if getattr(result, "z_loss", None) is not None:
+            record["z_loss"] = result.z_loss
         if mix_weights is not None:
             record["mix_weights"] = mix_weights
         self.reset_window()
@@ -87,6 +90,21 @@ class Metrics:
             print(f"{split} step {step}: loss {loss:.4f} | ppl {record['ppl']:.2f}", flush=True)
         return record
 
+    def event(self, record: dict, rank: Optional[int] = None) -> None:
+        """A stability event: <run_dir>/events.jsonl and TensorBoard from the logging rank; a console
+        line from every rank that reports it (so each rank's view of the decision is visible)."""
+        record = dict(record, time=time.time())
+        if rank is not None or self.enabled:
+            who = f"[rank {rank}] " if rank is not None else ""
+            print(f"{who}EVENT {record['kind']} at step {record['step']}: " +
+                  ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("kind", "step", "time")), flush=True)
+        if self.enabled:
+            self.events.write(json.dumps(record) + "\n")
+            self.events.flush()
+            if self.writer:
+                self.writer.add_scalar(f"events/{record['kind']}", 1, record["step"])
+                self.writer.flush()
+
     def _write(self, record: dict) -> None:
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
@@ -102,6 +120,7 @@ class Metrics:
     def close(self) -> None:
         if self.jsonl:
             self.jsonl.close()
+            self.events.close()
         if self.writer:
             self.writer.close()
         sys.stdout.flush()

@@ -26,14 +26,21 @@ def run(job: JobConfig) -> int:
     from .config import to_yaml
     from .engines import create_engine
     from .loop import Trainer
+    from .provenance import record as record_provenance
 
     engine = create_engine(job)
     run_dir = Path(job.run_dir)
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(job))
+    dist.barrier()
+    record_provenance(run_dir)
+    from .loop import RunStopped
     try:
         Trainer(job, engine, run_dir).train()
+    except RunStopped as stop:
+        print(f"STOPPED: {stop}", file=sys.stderr, flush=True)
+        return 3
     finally:
         engine.shutdown()
     return 0

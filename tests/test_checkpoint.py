@@ -141,7 +141,7 @@ def fake_save(store, step, payload=b"x" * 100):
     return store.commit(step, {"loop": {"step": step}})
 
 
-def test_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path):
+def test_truncated_or_altered_checkpoints_fall_back_to_the_previous(tmp_path):
     said = []
     store = CheckpointStore(tmp_path, keep_last=0, log=said.append)
     fake_save(store, 10)
@@ -150,17 +150,22 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path):
     assert store.find_resumable().path == newest
     with open(newest / "model_optim_rng" / "shard.bin", "r+b") as f:
         f.truncate(40)
+    fake_save(store, 25)
+    with open(store.step_dir(25) / "model_optim_rng" / "shard.bin", "r+b") as f:
+        f.write(b"y")                                                       # same size, altered
     found = store.find_resumable()
     assert found.path == store.step_dir(10) and found.meta["loop"] == {"step": 10}
-    assert "damaged checkpoint" in said[0] and "shard.bin has 40 bytes, 100 written" in said[0]
+    assert "step_00000025: model_optim_rng/shard.bin does not match its sha256" in said[0]
+    assert "step_00000020: model_optim_rng/shard.bin has 40 bytes, 100 written" in said[1]
 
 
-def test_keep_last_retains_the_newest_and_latest_names_the_newest(tmp_path):
-    store = CheckpointStore(tmp_path, keep_last=2)
-    for step in (1, 2, 3, 4):
+def test_keep_last_and_keep_every_retention_and_latest_names_the_newest(tmp_path):
+    store = CheckpointStore(tmp_path, keep_last=2, keep_every=2)
+    for step in (1, 2, 3, 4, 5, 6):
         fake_save(store, step)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000003", "step_00000004"]
-    assert (tmp_path / "latest").read_text().strip() == "step_00000004"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000002", "step_00000004",
+                                                          "step_00000005", "step_00000006"]
+    assert (tmp_path / "latest").read_text().strip() == "step_00000006"
 
 
 @pytest.mark.slow

@@ -88,17 +88,17 @@ def test_own_step_fix_is_needed(saved):
     assert abs(drifted[1] - later[1]) > 1e-4     # ... the bias correction is wrong from then on
 
 
-@pytest.mark.parametrize("optim", ["lion", "adafactor"])
-def test_other_update_rules_resume_bit_identically(single_rank_megatron, tmp_path, optim):
+@pytest.mark.parametrize("optim,lr", [("lion", 3e-4), ("adafactor", 1e-2)])
+def test_other_update_rules_learn_and_resume_bit_identically(single_rank_megatron, tmp_path, optim, lr):
     engine = engine_for([f"optim={optim}"])
-    data = batches(engine, 4)
-    for b in data[:2]:
-        engine.train_step(b, 1e-3)
+    data = batches(engine, 8)
+    losses = [engine.train_step(b, lr).loss for b in data[:2]]
     meta = save(engine, tmp_path)
-    later = continue_losses(engine, data)
+    losses += [engine.train_step(b, lr).loss for b in data[2:]]
+    assert losses[-1] < losses[0] - 0.15, losses          # it learns (mock data: ~0.2-0.35 in 8 steps)
     resumed = engine_for([f"optim={optim}"])
     load(resumed, tmp_path, meta)
-    assert continue_losses(resumed, data) == later
+    assert [resumed.train_step(b, lr).loss for b in data[2:]] == losses[2:]
 
 
 @pytest.mark.parametrize("dist_opt", [False, True], ids=["plain", "distopt"])

@@ -22,6 +22,10 @@ def test_make_pretrain_end_to_end(demo_data, tmp_path):
     assert records[-1]["ppl"] > 1 and records[0]["tokens_per_s"] > 0 and records[0]["mfu"] is None   # no peak on CPU
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert "num_layers: 4" in (run_dir / "config.yaml").read_text()
+    provenance = json.loads((run_dir / "provenance" / "start-0.json").read_text())
+    assert len(provenance["git_commit"]) == 40 and provenance["versions"]["megatron-core"] == "0.16.1"
+    assert [r["host"] for r in provenance["ranks"]] == [provenance["ranks"][0]["host"]] * 2
+    assert "torch==2.13.0" in (run_dir / "provenance" / "pip-freeze.txt").read_text()
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000006"    # saved at the end
 
     def make_pretrain(extra=""):
@@ -30,6 +34,7 @@ def test_make_pretrain_end_to_end(demo_data, tmp_path):
     again = make_pretrain()                       # the same command again continues the same run: nothing to do
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "continuing it" in again.stdout and "resumed from" in again.stdout and "step      " not in again.stdout
+    assert (run_dir / "provenance" / "start-1.json").exists()                      # each restart is recorded
 
 
 def test_a_different_config_never_overwrites_a_run(tmp_path, capsys):

@@ -53,18 +53,8 @@ def test_bf16_tracks_fp32_within_tolerance(tmp_path, reference):
 @pytest.mark.slow
 def test_interleaved_pipeline_equals_1f1b(tmp_path, demo_data):
     # 4 processes: PP=4 over 8 layers, with and without 2 virtual stages per rank.
-    common = ["parallel.pipeline_model_parallel_size=4", "model.num_layers=8", "schedule.train_iters=6"]
+    common = ["parallel.pipeline_model_parallel_size=4", "model.num_layers=8", "schedule.train_iters=4"]
     plain = train(tmp_path, "pp4", common, nproc=4)
     interleaved = train(tmp_path, "pp4vpp2", common + ["parallel.virtual_pipeline_model_parallel_size=2"], nproc=4)
     for a, b in zip([r["loss"] for r in interleaved], [r["loss"] for r in plain]):
         assert abs(a - b) < 1e-5
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("optim", ["lion", "adafactor"])
-def test_other_optimizers_learn(tmp_path, demo_data, optim):
-    lr = {"lion": "3e-4", "adafactor": "1e-2"}[optim]
-    records = train(tmp_path, optim, [f"optim={optim}", f"optim.lr={lr}", "optim.min_lr=0", "schedule.train_iters=8"],
-                    nproc=1)
-    losses = [r["loss"] for r in records]
-    assert losses[-1] < losses[0] - 0.3, losses

@@ -20,12 +20,23 @@ LAYOUTS = {"tp2": ["parallel=tp2"], "tp2-sp": ["parallel=tp2-sp"], "pp2": ["para
 SAVE_AT = 15            # one checkpoint per layout run (the next multiple is past STEPS)
 
 
+def training_command(run_dir, overrides, nproc=2, recipe="gpt-tiny") -> list:
+    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "pretrain.train",
+            "-cn", recipe, *BASE, f"cluster.devices_per_node={nproc}", f"run_dir={run_dir}", *overrides]
+
+
+def training_env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def run_training(run_dir, overrides, nproc=2, recipe="gpt-tiny", timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run(training_command(run_dir, overrides, nproc, recipe), cwd=REPO, capture_output=True,
+                          text=True, env=training_env(), timeout=timeout)
+
+
 def train(tmp_path, name, overrides, nproc=2, recipe="gpt-tiny"):
     run_dir = tmp_path / name
-    cmd = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "pretrain.train",
-           "-cn", recipe, *BASE, f"cluster.devices_per_node={nproc}", f"run_dir={run_dir}", *overrides]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+    res = run_training(run_dir, overrides, nproc, recipe)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if r["kind"] == "train"]

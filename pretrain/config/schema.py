@@ -48,6 +48,7 @@ class ModelConfig:
     hidden_dropout: float = doc(0.0, "Dropout after attention/MLP outputs.")
     attention_dropout: float = doc(0.0, "Dropout on attention probabilities.")
     qk_layernorm: bool = doc(False, "Normalise queries and keys before the dot product (stability).")
+    z_loss_coeff: float = doc(0.0, "PaLM z-loss: add coeff * logsumexp(logits)^2 per token (1e-4 in PaLM/OLMo); 0 off.")
     attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best available.")
     layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every TP/PP layout starts equal.")
     transformer_impl: str = doc("auto", "Layer spec: 'local' (megatron-core modules), 'transformer_engine', or 'auto' (TE when importable).")
@@ -155,7 +156,33 @@ class CheckpointConfig:
     load: Optional[str] = doc(None, "Checkpoint (root or step_* dir) to start from when dir holds none yet.")
     load_weights_only: bool = doc(False, "From `load`, take the weights only: fresh optimizer, step 0, data from the start.")
     keep_last: int = doc(3, "Keep the newest N checkpoints (0 keeps all).")
+    keep_every: int = doc(0, "Also keep for good every checkpoint whose step is a multiple of M; 0: none.")
+    checksums: bool = doc(True, "sha256 of every file in meta.json, checked on resume (rank 0 reads the whole checkpoint).")
     distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' (any layout) or 'dp_reshardable' (DP may change).")
+
+
+@dataclass
+class StabilityConfig:
+    distributed_timeout_minutes: int = doc(30, "Timeout of torch.distributed collectives.")
+    watchdog_minutes: float = doc(30.0, "No step, evaluation or save within this: every rank dumps all thread stacks to "
+                                  "<run_dir>/hang/ and exits 1 (requeue resumes); 0 disables.")
+    spike_policy: str = doc("skip", "On a loss/grad-norm spike: 'off' (log only), 'skip' the update, or 'rollback' after "
+                            "rollback_after spikes. Non-finite loss or grads are never applied.")
+    spike_window: int = doc(100, "Accepted steps of history for the running statistics; no spike is called before it fills.")
+    spike_zscore: float = doc(6.0, "A step whose loss or grad norm is this many standard deviations above the window mean is a spike.")
+    spike_ratio: float = doc(0.0, "Also a spike: loss above this multiple of the window mean; 0 disables.")
+    rollback_after: int = doc(3, "Spikes within spike_window steps that trigger a rollback (policy 'rollback').")
+    rollback_lr_factor: float = doc(0.5, "LR multiplier applied at each rollback (persists in the checkpoint).")
+    rollback_data: str = doc("skip", "After a rollback: 'skip' the samples consumed since the checkpoint, or 'replay' them.")
+    max_rollbacks: int = doc(3, "Rollbacks allowed per run; one more stops the run with a report (exit 3).")
+
+
+@dataclass
+class FaultConfig:
+    hang_at_step: int = doc(-1, "Fire drill / tests: rank fault.rank stops before this step (1-based); -1 never.")
+    nan_at_step: int = doc(-1, "Rank fault.rank's loss mask is NaN at this step (a non-finite loss and gradients); -1 never.")
+    poison_at_step: int = doc(-1, "Every rank's labels at this step are random tokens (a loss spike); -1 never.")
+    rank: int = doc(0, "Global rank the injected fault hits.")
 
 
 @dataclass
@@ -230,6 +257,8 @@ class JobConfig:
     batch: BatchConfig = doc(None, "Batch sizes and ramp.", factory=BatchConfig)
     data: DataConfig = doc(None, "Data mix and tokenizer.", factory=DataConfig)
     checkpoint: CheckpointConfig = doc(None, "Checkpointing.", factory=CheckpointConfig)
+    stability: StabilityConfig = doc(None, "Hang detection and timeouts.", factory=StabilityConfig)
+    fault: FaultConfig = doc(None, "Injected faults for tests and fire drills (off by default).", factory=FaultConfig)
     logging: LoggingConfig = doc(None, "Metrics and TensorBoard.", factory=LoggingConfig)
     eval: EvalConfig = doc(None, "Validation and test evaluation.", factory=EvalConfig)
     profile: ProfileConfig = doc(None, "torch.profiler capture.", factory=ProfileConfig)

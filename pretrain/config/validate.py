@@ -26,6 +26,8 @@ CHOICES = {
     "data.tokenizer.type": ("gpt2", "hf", "sentencepiece"),
     "checkpoint.distrib_optim_sharding_type": ("fully_reshardable", "dp_reshardable"),
     "cluster.launcher": ("local", "srun", "srun-torchrun"),
+    "stability.spike_policy": ("off", "skip", "rollback"),
+    "stability.rollback_data": ("skip", "replay"),
 }
 NO_DECAY_KINDS = ("bias", "norm", "embedding")
 

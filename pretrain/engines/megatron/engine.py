@@ -22,8 +22,26 @@ from . import cpu_compat
 class StepResult:
     loss: float                 # mean token loss of the step (all DP ranks, all micro-batches)
     grad_norm: Optional[float]
-    skipped: bool               # fp16 overflow: update skipped
+    skipped: bool               # update not applied (fp16 overflow, or rejected)
     loss_scale: Optional[float]
+    rejected: bool = False      # skipped because the loop's spike policy said so
+    z_loss: Optional[float] = None   # mean z-loss term (model.z_loss_coeff > 0), not included in `loss`
+
+
+def lm_and_z_loss(logits: torch.Tensor, labels: torch.Tensor, coeff: float):
+    """Per-token cross entropy and PaLM's z-loss coeff * logsumexp(logits)^2, both [b, s], from
+    vocab-parallel logits [b, s, v/tp] (GPTModel's output without labels). The log-partition is reduced over TP with an
+    autograd-aware all-reduce; megatron-core's cross entropy subtracts in place, so it gets a copy."""
+    from megatron.core import tensor_parallel
+    from megatron.core.parallel_state import get_tensor_model_parallel_group
+    logits = logits.float()
+    local_max = logits.detach().max(dim=-1).values
+    dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=get_tensor_model_parallel_group())
+    sum_exp = tensor_parallel.reduce_from_tensor_model_parallel_region(
+        torch.exp(logits - local_max.unsqueeze(-1)).sum(dim=-1))
+    lse = torch.log(sum_exp) + local_max
+    ce = tensor_parallel.vocab_parallel_cross_entropy(logits.clone(), labels)
+    return ce, coeff * lse.square()
 
 
 def init_distributed(timeout_minutes: int = 30) -> None:
@@ -47,7 +65,7 @@ class MegatronEngine:
 
         self.cfg, self.skip_optimizer_fixes = cfg, skip_optimizer_fixes
         self.on_cpu = cpu_compat.apply()
-        init_distributed()
+        init_distributed(cfg.stability.distributed_timeout_minutes)
         p = cfg.parallel
         if not ps.model_parallel_is_initialized():
             ps.initialize_model_parallel(
@@ -125,15 +143,24 @@ class MegatronEngine:
 
         device = "cpu" if self.on_cpu else torch.cuda.current_device()
 
-        def loss_func(loss_mask, output_tensor):
-            losses = output_tensor.float()
-            loss = torch.sum(losses.view(-1) * loss_mask.view(-1)) / loss_mask.sum()
+        z_coeff = self.cfg.model.z_loss_coeff
+
+        def loss_func(loss_mask, labels, output_tensor):
+            mask, total = loss_mask.view(-1), loss_mask.sum()
+            if z_coeff:                      # output_tensor is the logits [b, s, v/tp]
+                ce, z = lm_and_z_loss(output_tensor, labels, z_coeff)
+                lm = torch.sum(ce.reshape(-1) * mask) / total
+                z_mean = torch.sum(z.reshape(-1) * mask) / total
+                loss = lm + z_mean
+                return loss, {"lm loss": lm.detach().clone(), "z loss": z_mean.detach().clone()}
+            loss = torch.sum(output_tensor.float().view(-1) * mask) / total
             return loss, {"lm loss": loss.detach().clone()}   # the schedule divides `loss` in place
 
         def forward_step(data_iterator, model):
             batch = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
-            output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-            return output, partial(loss_func, batch["loss_mask"])
+            labels = None if z_coeff else batch["labels"]       # with z-loss the logits come back
+            output = model(batch["tokens"], batch["position_ids"], None, labels=labels)
+            return output, partial(loss_func, batch["loss_mask"], batch["labels"])
 
         vpp = self.cfg.parallel.virtual_pipeline_model_parallel_size
         iterator = iter(micro_batches) if not vpp else [iter(micro_batches) for _ in range(vpp)]
@@ -143,13 +170,13 @@ class MegatronEngine:
             num_microbatches=len(micro_batches), seq_length=self.cfg.model.seq_length,
             micro_batch_size=self.cfg.batch.micro_batch_size, forward_only=forward_only)
 
-    def _mean_loss(self, outputs) -> float:
-        """Loss on the last PP stage averaged over micro-batches and DP, shared with all ranks."""
+    def _mean_loss(self, outputs, key: str = "lm loss") -> float:
+        """`key` on the last PP stage averaged over micro-batches and DP, shared with all ranks."""
         ps = self.ps
         device = "cpu" if self.on_cpu else torch.cuda.current_device()
         if ps.is_pipeline_last_stage(ignore_virtual=True) and outputs:
             # Summed on the device: one host sync per step (the .item() below), not one per micro-batch.
-            value = torch.stack([o["lm loss"] for o in outputs]).double().mean().reshape(1)
+            value = torch.stack([o[key] for o in outputs]).double().mean().reshape(1)
         else:
             value = torch.zeros(1, dtype=torch.float64, device=device)
         dist.all_reduce(value, group=ps.get_data_parallel_group())
@@ -165,7 +192,14 @@ class MegatronEngine:
             group["lr"] = lr * group.get("lr_mult", 1.0)
             group["weight_decay"] = wd * group.get("wd_mult", 1.0)
 
-    def train_step(self, micro_batches, lr: float) -> StepResult:
+    def train_step(self, micro_batches, lr: float, approve=None) -> StepResult:
+        """One optimizer step. `approve(loss, grad_norm) -> bool` (the loop's spike policy) sees the
+        step's loss and global grad norm before the update; False skips the update, leaving weights
+        and optimizer state untouched. Both values come out of collectives (the loss all-reduce,
+        the grad-norm all-reduce), so a NaN on any rank reaches every rank and all decide alike."""
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        from .optimizer_state import leaves
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -173,10 +207,25 @@ class MegatronEngine:
         for chunk in self.model:
             chunk.train()
         outputs = self._forward_backward(micro_batches, forward_only=False)
-        ok, grad_norm, _ = self.optimizer.step()
-        scale = self.optimizer.get_loss_scale()
-        return StepResult(loss=self._mean_loss(outputs), grad_norm=None if grad_norm is None else float(grad_norm),
-                          skipped=not ok, loss_scale=float(scale) if self.cfg.precision.fp16 else None)
+        loss = self._mean_loss(outputs)
+        z_loss = self._mean_loss(outputs, "z loss") if self.cfg.model.z_loss_coeff else None
+        opt = self.optimizer
+        # ChainedOptimizer.step, opened up so the policy can look between the norm and the update.
+        overflow = opt.prepare_grads()               # unscales; on fp16 overflow the scaler backs off
+        scale = float(opt.get_loss_scale()) if self.cfg.precision.fp16 else None
+        if overflow:
+            return StepResult(loss=loss, grad_norm=None, skipped=True, loss_scale=scale, z_loss=z_loss)
+        grad_norm = float(opt.get_grad_norm())
+        if approve is not None and not approve(loss, grad_norm):
+            return StepResult(loss=loss, grad_norm=grad_norm, skipped=True, loss_scale=scale, rejected=True,
+                              z_loss=z_loss)
+        for leaf in leaves(opt):
+            params = leaf.get_parameters()
+            if params and leaf.config.clip_grad > 0.0:
+                clip_grad_by_total_norm_fp32(params, max_norm=leaf.config.clip_grad, total_norm=grad_norm,
+                                             use_decoupled_grad=leaf.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+        ok = opt.step_with_ready_grads()
+        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not ok, loss_scale=scale, z_loss=z_loss)
 
     @torch.no_grad()
     def eval_loss(self, micro_batches) -> float:

@@ -1,0 +1,48 @@
+"""Hang watchdog: a run that stops making progress dumps every rank's stacks and exits.
+
+`faulthandler.dump_traceback_later` runs in a C-level watchdog thread, so it fires even when
+the Python main thread is blocked inside a collective or a CUDA call. The loop re-arms it
+after every step, evaluation and checkpoint save (`kick`). When it fires, each rank writes
+the Python stacks of all its threads to <run_dir>/hang/rank<N>.txt and exits with status 1;
+torchrun/srun then fail the job and SLURM's requeue (or the restart chain) resumes from the
+newest checkpoint. A rank that hangs stalls its peers in the next collective, so every
+rank's watchdog fires and the dumps show both the hung rank and where the others wait.
+"""
+from __future__ import annotations
+
+import faulthandler
+import time
+from pathlib import Path
+
+
+class Watchdog:
+    def __init__(self, run_dir: Path, minutes: float, rank: int):
+        self.seconds = minutes * 60
+        self.file = None
+        if self.seconds > 0:
+            self.path = Path(run_dir) / "hang" / f"rank{rank}.txt"
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "w")
+
+    def kick(self) -> None:
+        """Progress was made: restart the countdown."""
+        if self.file:
+            faulthandler.dump_traceback_later(self.seconds, exit=True, file=self.file)
+
+    def stop(self) -> None:
+        if self.file:
+            faulthandler.cancel_dump_traceback_later()
+            self.file.close()
+            if self.path.stat().st_size == 0:
+                self.path.unlink()
+                try:
+                    self.path.parent.rmdir()
+                except OSError:
+                    pass
+            self.file = None
+
+
+def inject_hang() -> None:
+    """Fault injection (fault.hang_at_step): this rank stops making progress."""
+    while True:
+        time.sleep(3600)

@@ -1,0 +1,139 @@
+"""Fault tolerance through the real entry point (torchrun, 2 gloo processes)."""
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import REPO
+from tests.training import run_training, training_command, training_env
+
+
+@pytest.mark.slow
+def test_a_hung_rank_makes_every_rank_dump_stacks_and_the_job_exit_nonzero(tmp_path):
+    run_dir = tmp_path / "hang"
+    started = time.monotonic()
+    # Rank 1 stops before step 3; rank 0 then waits in step 3's first collective.
+    res = run_training(run_dir, ["schedule.train_iters=6", "fault.hang_at_step=3", "fault.rank=1",
+                                 "stability.watchdog_minutes=0.1"], timeout=300)
+    elapsed = time.monotonic() - started
+    assert res.returncode != 0 and "FAULT INJECTED: rank 1 stops before step 3" in res.stdout + res.stderr
+    assert elapsed < 120, elapsed                           # 6 s watchdog, not the 30-minute collective timeout
+    dumps = {r: (run_dir / "hang" / f"rank{r}.txt").read_text() for r in (0, 1)}
+    for rank, text in dumps.items():
+        assert "Timeout (0:00:06)!" in text and "most recent call first" in text, (rank, text[:500])
+    assert "inject_hang" in dumps[1]                         # where the hung rank is
+    assert "train_step" in dumps[0]                          # where its peer waits
+
+
+def records_of(run_dir, kind="train"):
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def events_of(run_dir):
+    return [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+SPIKES = ["fault.nan_at_step=5", "fault.rank=1", "fault.poison_at_step=14", "stability.spike_window=8",
+          "stability.spike_ratio=1.1"]     # the poisoned step's loss is ~1.16x the window mean
+
+
+@pytest.mark.slow
+def test_nan_on_one_rank_and_a_loss_spike_are_skipped_by_every_rank(tmp_path):
+    run_dir = tmp_path / "skip"
+    res = run_training(run_dir, SPIKES + ["stability.spike_policy=skip"])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for rank in (0, 1):                                   # NaN only on rank 1, seen by both in step 5
+        assert f"[rank {rank}] EVENT nonfinite at step 5" in res.stdout
+        assert f"[rank {rank}] EVENT spike at step 14" in res.stdout
+    assert [(e["kind"], e["step"], e["action"]) for e in events_of(run_dir)] == [("nonfinite", 5, "skip"),
+                                                                                 ("spike", 14, "skip")]
+    records = records_of(run_dir)
+    assert math.isnan(records[4]["loss"]) and records[4]["skipped_steps"] == 1
+    assert all(math.isfinite(r["loss"]) for r in records[5:])            # the NaN update was never applied
+    assert records[-1]["skipped_steps"] == 2 and records[-1]["loss"] < records[0]["loss"] - 1
+
+
+@pytest.mark.slow
+def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(tmp_path, reference):
+    run_dir = tmp_path / "rollback"
+    res = run_training(run_dir, SPIKES[2:] + ["stability.spike_policy=rollback", "stability.rollback_after=1",
+                                              "checkpoint.save_interval=5"])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rollback = [e for e in events_of(run_dir) if e["kind"] == "rollback"]
+    assert len(rollback) == 1 and rollback[0]["step"] == 14 and rollback[0]["to_step"] == 10
+    assert rollback[0]["lr_scale"] == 0.5 and rollback[0]["consumed_samples"] == 14 * 16   # steps 11-14's data skipped
+    records = records_of(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 15)) + list(range(11, 21))
+    again = records[14:]
+    for r, ref in zip(again, reference[10:]):
+        assert r["lr"] == pytest.approx(0.5 * ref["lr"], rel=1e-12)
+        assert r["consumed_samples"] == ref["consumed_samples"] + 4 * 16
+    assert abs(records[-1]["loss"] - reference[-1]["loss"]) < 0.05 * reference[-1]["loss"]
+    report = subprocess.run(["make", "-s", "report", f"RUN={run_dir}"], cwd=REPO, capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    assert "rollback_events      1" in report.stdout and "spike_events         1" in report.stdout
+    assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp_path, layout_runs):
+    # The uninterrupted run: DP=2 with the distributed optimizer (tests.training.LAYOUTS["dp2-distopt"]).
+    uninterrupted = [r["loss"] for r in layout_runs("dp2-distopt")]
+    run_dir = tmp_path / "killed"
+    overrides = ["parallel=dist-opt", "checkpoint.save_interval=3"]
+    kill_after = random.Random().randint(4, 16)
+    cmd = training_command(run_dir, overrides)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=training_env(), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)                   # the whole process group, mid-step or mid-save
+    proc.wait()
+    res = run_training(run_dir, overrides)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    last = {r["step"]: r["loss"] for r in records_of(run_dir)}     # the resumed run's value where steps repeat
+    assert [last[s] for s in range(1, 21)] == uninterrupted, kill_after
+
+
+def test_spike_guard_statistics_and_rollback_counting():
+    from types import SimpleNamespace
+
+    from pretrain.stability import SpikeGuard
+    cfg = SimpleNamespace(stability=SimpleNamespace(spike_window=4, spike_zscore=3.0, spike_ratio=0.0,
+                                                    spike_policy="rollback", rollback_after=2))
+    guard = SpikeGuard(cfg)
+    for step, loss in enumerate([5.0, 5.1, 4.9, 5.0], start=1):          # fills the window: nothing called
+        assert guard.approve(step, loss, 1.0) and guard.event is None
+    assert not guard.approve(5, 9.0, 1.0) and guard.event["action"] == "skip"     # z = 4 / 0.07
+    assert guard.approve(6, 5.0, 1.0)
+    assert not guard.approve(7, 5.0, 50.0) and guard.wants_rollback               # grad-norm spike, 2nd in window
+    assert not guard.approve(8, float("inf"), 1.0) and guard.event["kind"] == "nonfinite"
+    assert len(guard.losses) == 4 and list(guard.losses)[-1] == 5.0               # spikes never enter the window
+
+
+def test_z_loss_adds_coeff_times_logsumexp_squared(single_rank_megatron):
+    """In process: the LM loss is unchanged, the z term equals coeff * mean(logsumexp(logits)^2)
+    from the model's own logits, and it changes the gradient."""
+    import torch
+
+    from pretrain.engines.megatron.checkpointing import unwrap
+    from tests.test_checkpoint_fixes import batches, engine_for
+    plain, with_z = engine_for([]), engine_for(["model.z_loss_coeff=1e-2"])
+    step = batches(plain, 1)[0]
+    with torch.no_grad():
+        model = unwrap(with_z.model[0])
+        lse = torch.cat([torch.logsumexp(model(mb["tokens"], mb["position_ids"], None).float(), dim=-1).reshape(-1)
+                         for mb in step])
+    a, b = plain.train_step(step, 1e-3), with_z.train_step(step, 1e-3)
+    assert b.loss == pytest.approx(a.loss, rel=1e-6) and a.z_loss is None
+    assert b.z_loss == pytest.approx(1e-2 * lse.square().mean().item(), rel=1e-5)
+    assert abs(b.grad_norm - a.grad_norm) > 1e-4
