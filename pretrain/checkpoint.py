@@ -88,10 +88,11 @@ def read_meta(step_dir: Path) -> dict:
     return meta
 
 
-def damage(step_dir: Path, meta: dict) -> Optional[str]:
-    """Why this checkpoint cannot be trusted (missing, resized or altered files), or None when intact."""
+def damage(step_dir: Path, meta: dict, checksums: bool = True) -> Optional[str]:
+    """Why this checkpoint cannot be trusted (missing, resized or altered files), or None when intact.
+    checksums=False checks sizes only (no file is read)."""
     problems = []
-    sums = meta.get("sha256", {})
+    sums = meta.get("sha256", {}) if checksums else {}
     for rel, size in meta["files"].items():
         f = step_dir / rel
         if not f.exists():
@@ -140,7 +141,7 @@ class CheckpointStore:
             except (ValueError, json.JSONDecodeError) as err:
                 self.log(f"WARNING: skipping checkpoint {path}: unreadable meta.json ({err})")
                 continue
-            problem = damage(path, meta)
+            problem = damage(path, meta, self.checksums)
             if problem:
                 self.log(f"WARNING: skipping damaged checkpoint {path}: {problem}. Falling back to an older one.")
                 continue

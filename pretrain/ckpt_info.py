@@ -22,7 +22,7 @@ def describe(ckpt_path: str, recipe: str | None, overrides: list[str]) -> str:
     lay = e["layout"]
     loop = m["loop"]
     size = sum(m["files"].values())
-    problem = damage(ck.path, m)
+    problem = damage(ck.path, m, checksums=False)      # sizes only: a login node must not read TBs
     lines = [
         f"checkpoint  {ck.path}",
         f"step        {m['step']}   tokens {m['consumed_tokens']:,} ({loop['consumed_samples']:,} samples)   "

@@ -190,6 +190,7 @@ class Trainer:
         watchdog = Watchdog(self.run_dir, cfg.stability.watchdog_minutes, rank)
         watchdog.kick()
         self.resume()
+        watchdog.kick()                  # loading a large checkpoint is progress, not a hang
         st, interval = self.state, cfg.checkpoint.save_interval
         with self._profiler() as prof:
             while st.step < cfg.derived.train_iters:

@@ -157,7 +157,8 @@ class CheckpointConfig:
     load_weights_only: bool = doc(False, "From `load`, take the weights only: fresh optimizer, step 0, data from the start.")
     keep_last: int = doc(3, "Keep the newest N checkpoints (0 keeps all).")
     keep_every: int = doc(0, "Also keep for good every checkpoint whose step is a multiple of M; 0: none.")
-    checksums: bool = doc(True, "sha256 of every file in meta.json, checked on resume (rank 0 reads the whole checkpoint).")
+    checksums: bool = doc(False, "Also sha256 every file into meta.json and check it on resume; rank 0 reads the whole "
+                          "checkpoint at each save and resume, so leave off for TB-sized checkpoints (sizes are always checked).")
     distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' (any layout) or 'dp_reshardable' (DP may change).")
 
 

@@ -170,21 +170,21 @@ class MegatronEngine:
             num_microbatches=len(micro_batches), seq_length=self.cfg.model.seq_length,
             micro_batch_size=self.cfg.batch.micro_batch_size, forward_only=forward_only)
 
-    def _mean_loss(self, outputs, key: str = "lm loss") -> float:
-        """`key` on the last PP stage averaged over micro-batches and DP, shared with all ranks."""
+    def _mean_losses(self, outputs, keys=("lm loss",)) -> List[float]:
+        """`keys` on the last PP stage averaged over micro-batches and DP, shared with all ranks:
+        one all-reduce and one host sync per step whatever the number of keys."""
         ps = self.ps
         device = "cpu" if self.on_cpu else torch.cuda.current_device()
         if ps.is_pipeline_last_stage(ignore_virtual=True) and outputs:
-            # Summed on the device: one host sync per step (the .item() below), not one per micro-batch.
-            value = torch.stack([o[key] for o in outputs]).double().mean().reshape(1)
+            value = torch.stack([torch.stack([o[k] for o in outputs]).double().mean() for k in keys])
         else:
-            value = torch.zeros(1, dtype=torch.float64, device=device)
+            value = torch.zeros(len(keys), dtype=torch.float64, device=device)
         dist.all_reduce(value, group=ps.get_data_parallel_group())
         value /= self.dp_size
         if ps.get_pipeline_model_parallel_world_size() > 1:
             last = ps.get_pipeline_model_parallel_last_rank()
             dist.broadcast(value, src=last, group=ps.get_pipeline_model_parallel_group())
-        return float(value.item())
+        return value.tolist()
 
     def set_lr(self, lr: float) -> None:
         wd = self.cfg.optim.weight_decay
@@ -207,8 +207,10 @@ class MegatronEngine:
         for chunk in self.model:
             chunk.train()
         outputs = self._forward_backward(micro_batches, forward_only=False)
-        loss = self._mean_loss(outputs)
-        z_loss = self._mean_loss(outputs, "z loss") if self.cfg.model.z_loss_coeff else None
+        if self.cfg.model.z_loss_coeff:
+            loss, z_loss = self._mean_losses(outputs, ("lm loss", "z loss"))
+        else:
+            (loss,), z_loss = self._mean_losses(outputs), None
         opt = self.optimizer
         # ChainedOptimizer.step, opened up so the policy can look between the norm and the update.
         overflow = opt.prepare_grads()               # unscales; on fp16 overflow the scaler backs off
@@ -232,7 +234,7 @@ class MegatronEngine:
         for chunk in self.model:
             chunk.eval()
         outputs = self._forward_backward(micro_batches, forward_only=True)
-        return self._mean_loss(outputs)
+        return self._mean_losses(outputs)[0]
 
     # ---- checkpoints (pretrain/checkpoint.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:
