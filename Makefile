@@ -33,6 +33,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo ">> installing torch==2.13.0 first (CPU wheel), then the pinned rest"
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	@echo ">> deepspeed (its sdist imports torch at build time: no build isolation; C++ ops are JIT-built on use)"
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-build-isolation \
+	    deepspeed==0.19.8
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' \
 	    --config-settings editable_mode=compat
 	@touch $@

@@ -29,7 +29,8 @@ def describe(ckpt_path: str, recipe: str | None, overrides: list[str]) -> str:
         f"saved {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['saved_at']))}",
         f"engine      {e['engine']}   " + ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items() if v),
         f"layout      TP={lay['tp']} PP={lay['pp']} VPP={lay['vpp'] or '-'} CP={lay['cp']} DP={lay['dp']} "
-        f"(world {lay['world_size']}); distributed optimizer: {'yes (' + e['distrib_optim_sharding_type'] + ')' if lay['distributed_optimizer'] else 'no'}",
+        f"(world {lay['world_size']}); " + (f"ZeRO-{e['zero_stage']}" if "zero_stage" in e else
+                                             f"distributed optimizer: {'yes (' + e['distrib_optim_sharding_type'] + ')' if lay['distributed_optimizer'] else 'no'}"),
         f"precision   {e['precision']}",
         f"recipe      {m['recipe']}",
         f"data        skipped steps {loop['skipped_steps']}" + (f"; mix state {loop['data']}" if loop["data"] else ""),

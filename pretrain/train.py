@@ -19,8 +19,9 @@ from .config import ConfigError, JobConfig, finalize
 from .config.compose import from_yaml
 
 
-def run(job: JobConfig) -> int:
-    """Train `job` in this process (one rank of torchrun/srun, or a single process)."""
+def run(job: JobConfig, keep_process_group: bool = False) -> int:
+    """Train `job` in this process (one rank of torchrun/srun, or a single process).
+    keep_process_group: leave torch.distributed up for another job in the same processes."""
     import torch.distributed as dist
 
     from .config import to_yaml
@@ -42,7 +43,7 @@ def run(job: JobConfig) -> int:
         print(f"STOPPED: {stop}", file=sys.stderr, flush=True)
         return 3
     finally:
-        engine.shutdown()
+        engine.close() if keep_process_group else engine.shutdown()
     return 0
 
 

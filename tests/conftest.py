@@ -48,14 +48,14 @@ def reference(demo_data, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def layout_runs(demo_data, tmp_path_factory):
-    """layout name -> its train records; each run (2 processes) happens once per session and
-    leaves a checkpoint at step SAVE_AT under <tmp>/<name>/checkpoints."""
-    from tests.training import LAYOUTS, SAVE_AT, train
+    """layout name -> its train records. All layouts (2 processes) run once per session, in one
+    launch, when first asked for; each leaves a checkpoint at step SAVE_AT under <root>/<name>/checkpoints."""
+    from tests.training import LAYOUTS, SAVE_AT, train_many
     root, done = tmp_path_factory.mktemp("layouts"), {}
 
     def get(name):
-        if name not in done:
-            done[name] = train(root, name, LAYOUTS[name] + [f"checkpoint.save_interval={SAVE_AT}"])
+        if not done:
+            done.update(train_many(root, {n: o + [f"checkpoint.save_interval={SAVE_AT}"] for n, o in LAYOUTS.items()}))
         return done[name]
     get.root = root
     return get

@@ -14,7 +14,7 @@ from pretrain.config import load_recipe
 from pretrain.config.derive import batch_ramp
 from pretrain.data_mix import PhasedMix
 from tests.conftest import REPO
-from tests.training import BASE, SAVE_AT, STEPS, train
+from tests.training import BASE, SAVE_AT, STEPS, train, train_many
 
 RAMP = ["batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24", "batch.micro_batch_size=2",
         "schedule.train_iters=8", "model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
@@ -45,13 +45,22 @@ def test_distributed_optimizer_resume_reproduces_the_uninterrupted_run_exactly(t
         assert [r[key] for r in resumed] == [r[key] for r in full[K:]], key
 
 
+@pytest.fixture(scope="module")
+def resumed_on_one_process(layout_runs, tmp_path_factory):
+    """The SAVE_AT checkpoint of each 2-process layout, resumed on 1 process (one launch)."""
+    jobs = {}
+    for layout in ("tp2", "pp2", "dp2-distopt"):
+        layout_runs(layout)                                  # trained (once per session) before resuming
+        single = ["parallel=dist-opt"] if layout == "dp2-distopt" else []
+        jobs[layout] = single + [f"checkpoint.load={ckpt(layout_runs.root / layout, SAVE_AT)}"]
+    return train_many(tmp_path_factory.mktemp("one"), jobs, nproc=1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2-distopt"])
-def test_checkpoint_of_a_two_process_layout_resumes_on_one_process(tmp_path, layout_runs, layout):
+def test_checkpoint_of_a_two_process_layout_resumes_on_one_process(layout_runs, resumed_on_one_process, layout):
     uninterrupted = layout_runs(layout)
-    source = ckpt(layout_runs.root / layout, SAVE_AT)
-    single = ["parallel=dist-opt"] if layout == "dp2-distopt" else []
-    resumed = train(tmp_path, "one", single + [f"checkpoint.load={source}"], nproc=1)
+    resumed = resumed_on_one_process[layout]
     assert [r["step"] for r in resumed] == list(range(SAVE_AT + 1, STEPS + 1))
     for a, b in zip(resumed, uninterrupted[SAVE_AT:]):
         assert abs(a["loss"] - b["loss"]) < 1e-6, (layout, a["step"], a["loss"], b["loss"])

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from pretrain.schedules import lr_at
-from tests.training import STEPS, train
+from tests.training import STEPS, train, train_many
 
 
 @pytest.mark.slow
@@ -26,11 +26,11 @@ def test_layout_matches_single_process_losses(reference, layout_runs, layout):
 def test_activation_checkpointing_gives_identical_losses(tmp_path, reference):
     # The reference's first 6 steps (same config: its LR schedule is over schedule.lr_decay=20 steps).
     short = ["schedule.train_iters=6", f"schedule.lr_decay={STEPS}"]
-    full = train(tmp_path, "full", short + ["parallel.recompute_granularity=full", "parallel.recompute_num_layers=2"],
-                 nproc=1)
-    assert [r["loss"] for r in full] == [r["loss"] for r in reference[:6]]
-    selective = train(tmp_path, "sel", short + ["parallel.recompute_granularity=selective"], nproc=1)
-    assert [r["loss"] for r in selective] == [r["loss"] for r in reference[:6]]
+    runs = train_many(tmp_path, {"full": short + ["parallel.recompute_granularity=full",
+                                                  "parallel.recompute_num_layers=2"],
+                                 "sel": short + ["parallel.recompute_granularity=selective"]}, nproc=1)
+    assert [r["loss"] for r in runs["full"]] == [r["loss"] for r in reference[:6]]
+    assert [r["loss"] for r in runs["sel"]] == [r["loss"] for r in reference[:6]]
 
 
 @pytest.mark.slow
@@ -54,7 +54,7 @@ def test_bf16_tracks_fp32_within_tolerance(tmp_path, reference):
 def test_interleaved_pipeline_equals_1f1b(tmp_path, demo_data):
     # 4 processes: PP=4 over 8 layers, with and without 2 virtual stages per rank.
     common = ["parallel.pipeline_model_parallel_size=4", "model.num_layers=8", "schedule.train_iters=4"]
-    plain = train(tmp_path, "pp4", common, nproc=4)
-    interleaved = train(tmp_path, "pp4vpp2", common + ["parallel.virtual_pipeline_model_parallel_size=2"], nproc=4)
-    for a, b in zip([r["loss"] for r in interleaved], [r["loss"] for r in plain]):
+    runs = train_many(tmp_path, {"pp4": common, "pp4vpp2": common + ["parallel.virtual_pipeline_model_parallel_size=2"]},
+                      nproc=4)
+    for a, b in zip([r["loss"] for r in runs["pp4vpp2"]], [r["loss"] for r in runs["pp4"]]):
         assert abs(a - b) < 1e-5

@@ -1,7 +1,10 @@
 """Each compose-time rule fires with a message naming the field, the values and a fix."""
+import json
+
 import pytest
 
 from pretrain.config import ConfigError, load_recipe
+from tests.conftest import REPO
 
 CASES = {
     "tp_divides_heads": (["parallel=tp2", "model.num_attention_heads=3", "model.hidden_size=192"],
@@ -27,8 +30,16 @@ CASES = {
                              "does not land on global_batch_size"),
     "seq_within_positions": (["model.max_position_embeddings=64"], "model.seq_length=128 exceeds model.max_position_embeddings=64"),
     "fp16_bf16_exclusive": (["precision.fp16=true", "precision.bf16=true"], "are exclusive"),
-    "zero23_with_pp_on_deepspeed": (["parallel=pp2", "parallel.engine=deepspeed", "parallel.zero_stage=2"],
-                                    "does not combine ZeRO-2/3 with pipeline parallelism"),
+    "pp_on_deepspeed": (["parallel=pp2", "parallel.engine=deepspeed", "parallel.zero_stage=1"],
+                        "pipeline_model_parallel_size=2 with engine=deepspeed: DeepSpeed's pipeline needs a PipelineModule"),
+    "sp_on_deepspeed": (["parallel=tp2-sp", "parallel.engine=deepspeed"], "sequence_parallel=true with engine=deepspeed"),
+    "ddp_knobs_on_deepspeed": (["parallel=ds-zero2", "parallel.overlap_grad_reduce=true"],
+                               "parallel.overlap_grad_reduce is a megatron-core DDP setting"),
+    "adamw_only_on_deepspeed": (["parallel=ds-zero1", "optim=lion"], "optim.name=lion with engine=deepspeed"),
+    "offload_optimizer_needs_zero": (["parallel=ds-zero0", "parallel.offload_optimizer=true"],
+                                     "offload_optimizer=true needs parallel.zero_stage>=1"),
+    "missing_ds_template": (["parallel=ds-zero1", "parallel.ds_config_template=nowhere.json"],
+                            "nowhere.json: no such DeepSpeed template"),
     "sp_requires_tp": (["parallel.sequence_parallel=true"], "sequence_parallel=true requires parallel.tensor_model_parallel_size>1"),
     "deepspeed_knobs_need_deepspeed": (["parallel.zero_stage=2"], "are DeepSpeed settings but parallel.engine=megatron"),
     "offload_param_needs_zero3": (["parallel.engine=deepspeed", "parallel.zero_stage=2", "parallel.offload_param=true"],
@@ -77,6 +88,43 @@ def test_uneven_pipeline_split_is_accepted():
     assert cfg.model.num_layers == 5
 
 
-def test_gpt_7b_layout_is_valid_and_deepspeed_zero1_with_pp_is_allowed():
+def test_gpt_7b_layout_is_valid_and_deepspeed_zero1_with_tp_is_allowed():
     load_recipe("gpt-7b")
-    load_recipe("gpt-tiny", ["parallel=pp2", "parallel.engine=deepspeed", "parallel.zero_stage=1"])
+    load_recipe("gpt-tiny", ["parallel=ds-zero1", "parallel.tensor_model_parallel_size=2"])
+
+
+def test_a_deepspeed_template_that_contradicts_the_recipe_is_refused_naming_file_and_key(tmp_path):
+    template = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
+    template["gradient_clipping"] = 0.5
+    template["zero_optimization"]["stage"] = 3
+    template["scheduler"] = {"type": "WarmupLR"}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(template))
+    with pytest.raises(ConfigError) as err:
+        load_recipe("gpt-tiny", ["parallel=ds-zero2", f"parallel.ds_config_template={path}"])
+    problems = err.value.problems
+    assert f'{path}: "gradient_clipping" is 0.5 but the recipe gives 1.0' in problems[0] or any(
+        f'{path}: "gradient_clipping" is 0.5 but the recipe gives 1.0' in p for p in problems), problems
+    assert any(f'{path}: "zero_optimization.stage" is 3 but the recipe gives 2' in p for p in problems), problems
+    assert any(f'{path}: "scheduler" section: the loop sets the LR' in p for p in problems), problems
+    (tmp_path / "broken.json").write_text('{"train_batch_size": "auto",\n  oops}')
+    with pytest.raises(ConfigError) as err:
+        load_recipe("gpt-tiny", ["parallel=ds-zero2", f"parallel.ds_config_template={tmp_path / 'broken.json'}"])
+    assert f"{tmp_path / 'broken.json'}:2:3: not valid JSON" in str(err.value)
+
+
+def test_every_shipped_template_renders_with_no_auto_left():
+    from pretrain.engines.deepspeed.ds_config import render
+    for overrides in (["parallel=ds-zero0"], ["parallel=ds-zero1", "precision=bf16"], ["parallel=ds-zero2"],
+                      ["parallel=ds-zero3", "precision=fp16"], ["parallel=ds-zero2-offload"],
+                      ["parallel=ds-zero3-offload"], ["parallel=ds-zero3-offload-param"]):
+        cfg = load_recipe("gpt-tiny", overrides)
+        for on_cpu in (True, False):
+            config = render(cfg, on_cpu)
+            assert "auto" not in json.dumps(config), overrides
+            assert config["train_batch_size"] == config["train_micro_batch_size_per_gpu"] * \
+                config["gradient_accumulation_steps"] * cfg.derived.data_parallel_size
+            assert config["optimizer"]["params"]["torch_adam"] is on_cpu
+            assert config["zero_force_ds_cpu_optimizer"] is not on_cpu
+            assert config["zero_optimization"]["stage"] == cfg.parallel.zero_stage
+            assert config["fp16"]["enabled"] == cfg.precision.fp16 and config["bf16"]["enabled"] == cfg.precision.bf16

@@ -38,5 +38,24 @@ def train(tmp_path, name, overrides, nproc=2, recipe="gpt-tiny"):
     run_dir = tmp_path / name
     res = run_training(run_dir, overrides, nproc, recipe)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r["kind"] == "train"]
+    return records(run_dir)
+
+
+def records(run_dir) -> list:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+def train_many(root, jobs: dict, nproc=2, recipe="gpt-tiny", timeout=900) -> dict:
+    """{name: overrides} trained one after another in one torchrun launch (tests/run_jobs.py:
+    the real pretrain.train.run per job); returns {name: train records}. Run dirs: root/<name>."""
+    root.mkdir(parents=True, exist_ok=True)
+    spec = [{"recipe": recipe, "overrides": [*BASE, f"cluster.devices_per_node={nproc}", f"run_dir={root / name}",
+                                             *overrides]} for name, overrides in jobs.items()]
+    jobs_file = root / "jobs.json"
+    jobs_file.write_text(json.dumps(spec))
+    res = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                          str(REPO / "tests" / "run_jobs.py"), str(jobs_file)], cwd=REPO, capture_output=True,
+                         text=True, env=dict(training_env(), PYTHONPATH=str(REPO)), timeout=timeout)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    return {name: records(root / name) for name in jobs}

@@ -204,6 +204,8 @@ class EvalConfig:
 class ProfileConfig:
     steps: list[int] = doc(None, "Profile steps [start, end] with torch.profiler into <run_dir>/profile; empty disables.",
                            factory=list)
+    flops_profile_step: int = doc(0, "DeepSpeed engine: FLOPs/latency per module at this step into "
+                                  "<run_dir>/flops_profile.txt (DeepSpeed's flops profiler); 0 disables.")
 
 
 @dataclass

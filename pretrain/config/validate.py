@@ -179,17 +179,7 @@ def validate(cfg: JobConfig) -> None:
 
     # Engines
     if p.engine == "deepspeed":
-        if p.zero_stage not in (0, 1, 2, 3):
-            add(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3.")
-        if p.zero_stage >= 2 and pp > 1:
-            add(f"parallel.zero_stage={p.zero_stage} with pipeline_model_parallel_size={pp}: DeepSpeed does not combine "
-                "ZeRO-2/3 with pipeline parallelism. Fix: zero_stage<=1 or PP=1.")
-        if p.use_distributed_optimizer:
-            add("parallel.use_distributed_optimizer is the megatron engine's ZeRO-1. Fix: with engine=deepspeed use zero_stage=1.")
-        if p.offload_optimizer and p.zero_stage < 1:
-            add("parallel.offload_optimizer=true needs parallel.zero_stage>=1.")
-        if p.offload_param and p.zero_stage != 3:
-            add("parallel.offload_param=true needs parallel.zero_stage=3.")
+        _deepspeed_problems(cfg, add)
     elif p.zero_stage or p.offload_optimizer or p.offload_param or p.ds_config_template:
         add("parallel.zero_stage/offload_*/ds_config_template are DeepSpeed settings but parallel.engine=megatron. "
             "Fix: set parallel.engine=deepspeed, or use parallel.use_distributed_optimizer=true for ZeRO-1 on megatron-core.")
@@ -214,3 +204,37 @@ def validate(cfg: JobConfig) -> None:
         add(f"logging.log_interval={cfg.logging.log_interval} must be >= 1.")
     if problems:
         raise ConfigError(problems)
+
+
+def _deepspeed_problems(cfg: JobConfig, add) -> None:
+    """engine=deepspeed: megatron-core GPTModel with TP, under ZeRO; what it does not combine with."""
+    from ..engines.deepspeed.ds_config import load_template, problems, template_path
+    p, o = cfg.parallel, cfg.optim
+    if p.zero_stage not in (0, 1, 2, 3):
+        add(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3.")
+    if p.pipeline_model_parallel_size > 1 or p.virtual_pipeline_model_parallel_size:
+        add(f"parallel.pipeline_model_parallel_size={p.pipeline_model_parallel_size} with engine=deepspeed: DeepSpeed's "
+            "pipeline needs a PipelineModule (the model as a flat layer list), a fork of the GPTModel both engines and "
+            "the export share. Fix: PP=1 (ZeRO-3 for memory), or engine=megatron for PP.")
+    if p.context_parallel_size > 1 or p.sequence_parallel:
+        add("parallel.context_parallel_size>1 / sequence_parallel=true with engine=deepspeed: their gradient "
+            "reductions live in megatron-core's DDP, which this engine replaces. Fix: engine=megatron.")
+    if p.use_distributed_optimizer:
+        add("parallel.use_distributed_optimizer is the megatron engine's ZeRO-1. Fix: with engine=deepspeed use zero_stage=1.")
+    for flag in ("overlap_grad_reduce", "overlap_param_gather"):
+        if getattr(p, flag):
+            add(f"parallel.{flag} is a megatron-core DDP setting and does nothing under DeepSpeed. Fix: remove it "
+                "(ZeRO stage and the template's overlap_comm cover it).")
+    if p.offload_optimizer and p.zero_stage < 1:
+        add("parallel.offload_optimizer=true needs parallel.zero_stage>=1.")
+    if p.offload_param and p.zero_stage != 3:
+        add("parallel.offload_param=true needs parallel.zero_stage=3.")
+    if o.name != "adamw":
+        add(f"optim.name={o.name} with engine=deepspeed: the DeepSpeed engine builds AdamW from the template's "
+            "optimizer section. Fix: optim=adamw, or engine=megatron.")
+    path = template_path(cfg)
+    try:
+        for problem in problems(cfg, load_template(path), path):
+            add(problem)
+    except ValueError as err:
+        add(str(err))

@@ -8,5 +8,7 @@ def create_engine(cfg: JobConfig):
     if cfg.parallel.engine == "megatron":
         from .megatron.engine import MegatronEngine
         return MegatronEngine(cfg)
-    raise ValueError(f"parallel.engine={cfg.parallel.engine!r} is not available in this version "
-                     "(the DeepSpeed engine is tracked as issue #6); use parallel.engine=megatron.")
+    if cfg.parallel.engine == "deepspeed":
+        from .deepspeed.engine import DeepSpeedEngine
+        return DeepSpeedEngine(cfg)
+    raise ValueError(f"parallel.engine={cfg.parallel.engine!r}: use 'megatron' or 'deepspeed'.")

@@ -18,14 +18,13 @@ reseeded from (seed, step) and the log says so (dropout streams cannot be mapped
 """
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Dict, Optional
 
-import numpy as np
 import torch
 
 from ...config.schema import JobConfig
+from ..common import reseed, rng_state, set_rng_state
 
 MASTER_PREFIX = {True: "optimizer.state.param", False: "optimizer.state.fp32_param"}   # by distributed optimizer
 
@@ -62,25 +61,6 @@ def _rng_sharded(engine, state: Optional[dict]):
                          replica_id=0)
 
 
-def _rng_state() -> dict:
-    from megatron.core.tensor_parallel import get_cuda_rng_tracker
-    state = {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-             "tracker": get_cuda_rng_tracker().get_states()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    from megatron.core.tensor_parallel import get_cuda_rng_tracker
-    random.setstate(state["random"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-    get_cuda_rng_tracker().set_states(state["tracker"])
-
-
 def _model_sharded(engine) -> Dict[str, dict]:
     chunks = [unwrap(c) for c in engine.model]
     if len(chunks) == 1:
@@ -100,7 +80,7 @@ def save(engine, directory: Path) -> None:
     state = _model_sharded(engine)
     state["optimizer"] = engine.optimizer.sharded_state_dict(
         state, is_loading=False, metadata=_optimizer_metadata(engine.cfg.checkpoint.distrib_optim_sharding_type))
-    state["rng_state"] = _rng_sharded(engine, _rng_state())
+    state["rng_state"] = _rng_sharded(engine, rng_state())
     strategy = get_default_save_sharded_strategy("torch_dist")
     if engine.dp_size > 1:   # each DP replica writes a part of the replicated tensors (Megatron-LM's default)
         strategy = FullyParallelSaveStrategyWrapper(strategy, engine.ps.get_data_parallel_group(with_context_parallel=True))
@@ -205,11 +185,6 @@ def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> 
     else:
         engine.optimizer.reload_model_params()           # masters follow the loaded weights
     if "rng_state" in loaded:
-        _set_rng_state(loaded["rng_state"])
+        set_rng_state(loaded["rng_state"])
     elif not weights_only:
-        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-        seed = cfg.seed + 7919 * meta["step"]
-        torch.manual_seed(seed)
-        model_parallel_cuda_manual_seed(seed)
-        log(f"NOTE: parallel layout changed {saved['layout']} -> {layout(engine)}: RNG states are not restored; "
-            f"reseeded from seed + 7919*step = {seed}. Losses match the original run only without dropout.")
+        reseed(cfg.seed, meta["step"], f"parallel layout changed {saved['layout']} -> {layout(engine)}", log)

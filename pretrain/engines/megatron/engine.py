@@ -6,53 +6,15 @@ chunks, optimizer, RNG) is reachable as attributes for checkpointing.
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from functools import partial
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 import torch.distributed as dist
 
 from ...config.schema import JobConfig
+from ..common import StepResult, init_distributed, token_mean_loss
 from . import cpu_compat
-
-
-@dataclass
-class StepResult:
-    loss: float                 # mean token loss of the step (all DP ranks, all micro-batches)
-    grad_norm: Optional[float]
-    skipped: bool               # update not applied (fp16 overflow, or rejected)
-    loss_scale: Optional[float]
-    rejected: bool = False      # skipped because the loop's spike policy said so
-    z_loss: Optional[float] = None   # mean z-loss term (model.z_loss_coeff > 0), not included in `loss`
-
-
-def lm_and_z_loss(logits: torch.Tensor, labels: torch.Tensor, coeff: float):
-    """Per-token cross entropy and PaLM's z-loss coeff * logsumexp(logits)^2, both [b, s], from
-    vocab-parallel logits [b, s, v/tp] (GPTModel's output without labels). The log-partition is reduced over TP with an
-    autograd-aware all-reduce; megatron-core's cross entropy subtracts in place, so it gets a copy."""
-    from megatron.core import tensor_parallel
-    from megatron.core.parallel_state import get_tensor_model_parallel_group
-    logits = logits.float()
-    local_max = logits.detach().max(dim=-1).values
-    dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=get_tensor_model_parallel_group())
-    sum_exp = tensor_parallel.reduce_from_tensor_model_parallel_region(
-        torch.exp(logits - local_max.unsqueeze(-1)).sum(dim=-1))
-    lse = torch.log(sum_exp) + local_max
-    ce = tensor_parallel.vocab_parallel_cross_entropy(logits.clone(), labels)
-    return ce, coeff * lse.square()
-
-
-def init_distributed(timeout_minutes: int = 30) -> None:
-    """torch.distributed from torchrun/SLURM env: NCCL on GPUs, gloo on CPU."""
-    if dist.is_initialized():
-        return
-    from datetime import timedelta
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
 
 
 class MegatronEngine:
@@ -145,22 +107,11 @@ class MegatronEngine:
 
         z_coeff = self.cfg.model.z_loss_coeff
 
-        def loss_func(loss_mask, labels, output_tensor):
-            mask, total = loss_mask.view(-1), loss_mask.sum()
-            if z_coeff:                      # output_tensor is the logits [b, s, v/tp]
-                ce, z = lm_and_z_loss(output_tensor, labels, z_coeff)
-                lm = torch.sum(ce.reshape(-1) * mask) / total
-                z_mean = torch.sum(z.reshape(-1) * mask) / total
-                loss = lm + z_mean
-                return loss, {"lm loss": lm.detach().clone(), "z loss": z_mean.detach().clone()}
-            loss = torch.sum(output_tensor.float().view(-1) * mask) / total
-            return loss, {"lm loss": loss.detach().clone()}   # the schedule divides `loss` in place
-
         def forward_step(data_iterator, model):
             batch = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
             labels = None if z_coeff else batch["labels"]       # with z-loss the logits come back
             output = model(batch["tokens"], batch["position_ids"], None, labels=labels)
-            return output, partial(loss_func, batch["loss_mask"], batch["labels"])
+            return output, partial(token_mean_loss, z_coeff, batch["loss_mask"], batch["labels"])
 
         vpp = self.cfg.parallel.virtual_pipeline_model_parallel_size
         iterator = iter(micro_batches) if not vpp else [iter(micro_batches) for _ in range(vpp)]
@@ -261,7 +212,11 @@ class MegatronEngine:
     def is_logging_rank(self) -> bool:
         return dist.get_rank() == dist.get_world_size() - 1   # last PP stage holds the loss first
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
+        """Release the parallel state; the process group stays (another engine may follow)."""
         self.ps.destroy_model_parallel()
+
+    def shutdown(self) -> None:
+        self.close()
         if dist.is_initialized():
             dist.destroy_process_group()

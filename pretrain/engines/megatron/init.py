@@ -9,6 +9,7 @@ on the parameter's device (`model.layout_invariant_init=false` keeps megatron-co
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import re
@@ -50,22 +51,27 @@ def _shard(cfg: JobConfig, name: str, full: torch.Tensor, dim: int, tp: int, ran
 
 
 @torch.no_grad()
-def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int) -> None:
+def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int,
+                          gather=lambda param: contextlib.nullcontext()) -> None:
+    """`gather(param)`: a context in which a partitioned parameter (DeepSpeed ZeRO-3) is whole
+    and writes to it are kept."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
     rank = parallel_state.get_tensor_model_parallel_rank()
     tied = not cfg.model.untie_embeddings_and_output_weights
     std = cfg.model.init_method_std
     scaled = std / math.sqrt(2.0 * cfg.model.num_layers) if cfg.model.scaled_output_init else std
     for local_name, param in model_chunk.named_parameters():
-        if param.dim() < 2:
+        shape = getattr(param, "ds_shape", param.shape)       # ZeRO-3 keeps the whole shape there
+        if len(shape) < 2:
             continue
         name = global_name(local_name, layer_offset, tied)
         split = getattr(param, "tensor_model_parallel", False)
         dim = getattr(param, "partition_dim", 0) if split else 0
-        full_shape = list(param.shape)
+        full_shape = list(shape)
         if split:
             full_shape[dim] *= tp
         p_std = scaled if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
-        full = _full_tensor(cfg, name, full_shape, p_std, param.device)
-        value = _shard(cfg, name, full, dim, tp, rank) if split else full
-        param.copy_(value.to(param.dtype))
+        with gather(param):
+            full = _full_tensor(cfg, name, full_shape, p_std, param.device)
+            value = _shard(cfg, name, full, dim, tp, rank) if split else full
+            param.copy_(value.to(param.dtype))

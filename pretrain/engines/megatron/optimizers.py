@@ -46,12 +46,10 @@ def _no_decay_overrides(kinds: List[str]):
     from megatron.core.optimizer import ParamGroupOverride, ParamKey
     from megatron.core.optimizer.optimizer_config import ParamWithNamePredicate
 
+    from ..common import exempt_from_weight_decay
+
     def exempt(param, name: str) -> bool:
-        leaf = name.rsplit(".", 2)
-        module = leaf[-2] if len(leaf) > 1 else ""
-        return (("bias" in kinds and name.endswith(".bias"))
-                or ("norm" in kinds and "norm" in module)
-                or ("embedding" in kinds and "embedding" in name))
+        return exempt_from_weight_decay(name, kinds)
 
     key = ParamKey(with_name_predicate=ParamWithNamePredicate(name="no_weight_decay_on", fn=exempt))
     return {key: ParamGroupOverride(wd_mult=0.0)}

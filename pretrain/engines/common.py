@@ -1,0 +1,101 @@
+"""What both engines share: the step result, the token-mean loss (with z-loss), the process
+group, and the weight-decay rule. The model itself is megatron-core's GPTModel in both."""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class StepResult:
+    loss: float                 # mean token loss of the step (all DP ranks, all micro-batches)
+    grad_norm: Optional[float]
+    skipped: bool               # update not applied (fp16 overflow, or rejected)
+    loss_scale: Optional[float]
+    rejected: bool = False      # skipped because the loop's spike policy said so
+    z_loss: Optional[float] = None   # mean z-loss term (model.z_loss_coeff > 0), not included in `loss`
+
+
+def init_distributed(timeout_minutes: int = 30) -> None:
+    """torch.distributed from torchrun/SLURM env: NCCL on GPUs, gloo on CPU."""
+    if dist.is_initialized():
+        return
+    from datetime import timedelta
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
+
+
+def lm_and_z_loss(logits: torch.Tensor, labels: torch.Tensor, coeff: float):
+    """Per-token cross entropy and PaLM's z-loss coeff * logsumexp(logits)^2, both [b, s], from
+    vocab-parallel logits [b, s, v/tp] (GPTModel's output without labels). The log-partition is reduced over TP with an
+    autograd-aware all-reduce; megatron-core's cross entropy subtracts in place, so it gets a copy."""
+    from megatron.core import tensor_parallel
+    from megatron.core.parallel_state import get_tensor_model_parallel_group
+    logits = logits.float()
+    local_max = logits.detach().max(dim=-1).values
+    dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=get_tensor_model_parallel_group())
+    sum_exp = tensor_parallel.reduce_from_tensor_model_parallel_region(
+        torch.exp(logits - local_max.unsqueeze(-1)).sum(dim=-1))
+    lse = torch.log(sum_exp) + local_max
+    ce = tensor_parallel.vocab_parallel_cross_entropy(logits.clone(), labels)
+    return ce, coeff * lse.square()
+
+
+def token_mean_loss(z_coeff: float, loss_mask: torch.Tensor, labels: torch.Tensor, output: torch.Tensor):
+    """(loss, {"lm loss", "z loss"}) of one micro-batch: masked token means. `output` is GPTModel's
+    per-token loss [b, s], or its logits when z_coeff > 0 (the model was called without labels)."""
+    mask, total = loss_mask.view(-1), loss_mask.sum()
+    if z_coeff:
+        ce, z = lm_and_z_loss(output, labels, z_coeff)
+        lm = torch.sum(ce.reshape(-1) * mask) / total
+        z_mean = torch.sum(z.reshape(-1) * mask) / total
+        return lm + z_mean, {"lm loss": lm.detach().clone(), "z loss": z_mean.detach().clone()}
+    loss = torch.sum(output.float().view(-1) * mask) / total
+    return loss, {"lm loss": loss.detach().clone()}   # megatron's schedule divides `loss` in place
+
+
+def exempt_from_weight_decay(name: str, kinds: List[str]) -> bool:
+    """optim.no_weight_decay_on: 'bias', 'norm' (any *norm* module's params), 'embedding'."""
+    leaf = name.rsplit(".", 2)
+    module = leaf[-2] if len(leaf) > 1 else ""
+    return (("bias" in kinds and name.endswith(".bias"))
+            or ("norm" in kinds and "norm" in module)
+            or ("embedding" in kinds and "embedding" in name))
+
+
+def rng_state() -> dict:
+    """This rank's RNG streams: Python, NumPy, torch (CPU, CUDA) and megatron-core's tracker (TP dropout)."""
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+    state = {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+             "tracker": get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def reseed(seed: int, step: int, why: str, log) -> None:
+    """Saved RNG streams cannot be used (`why`): every rank reseeds from (seed, step)."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    seed = seed + 7919 * step
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+    log(f"NOTE: {why}: RNG states are not restored; reseeded from seed + 7919*step = {seed}. Losses match the "
+        "original run only without dropout.")

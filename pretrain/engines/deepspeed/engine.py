@@ -1,0 +1,273 @@
+"""The DeepSpeed engine: megatron-core's GPTModel (TP through parallel_state) under DeepSpeed ZeRO 0-3.
+
+Same interface and loop semantics as the megatron engine (pretrain/loop.py): the loop hands a
+step's micro-batches and its LR; this engine marks the accumulation boundary itself (the loop
+owns the batch-size ramp, DeepSpeed has none and its micro-step counter goes wrong when the
+batch changes), averages token-mean micro-batch losses exactly as megatron-core does, and
+lets the loop's spike policy veto an update after DeepSpeed computed the global grad norm.
+PP>1 is refused at compose time: DeepSpeed's PipelineModule needs the model as a flat layer
+list, which would fork the model code the megatron engine and the HF export share.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+from ...config.schema import JobConfig
+from ..common import StepResult, exempt_from_weight_decay, init_distributed, token_mean_loss
+from . import cpu_compat
+from .ds_config import render
+
+
+class MegatronMpu:
+    """DeepSpeed's `mpu` protocol on megatron-core's parallel_state, whose names differ
+    (DeepSpeed's "model parallel" is our TP: PP is not used with this engine)."""
+
+    def __init__(self, ps):
+        self.ps = ps
+
+    def get_model_parallel_rank(self):
+        return self.ps.get_tensor_model_parallel_rank()
+
+    def get_model_parallel_world_size(self):
+        return self.ps.get_tensor_model_parallel_world_size()
+
+    def get_model_parallel_group(self):
+        return self.ps.get_tensor_model_parallel_group()
+
+    def get_tensor_model_parallel_rank(self):
+        return self.ps.get_tensor_model_parallel_rank()
+
+    def get_tensor_model_parallel_world_size(self):
+        return self.ps.get_tensor_model_parallel_world_size()
+
+    def get_tensor_model_parallel_group(self):
+        return self.ps.get_tensor_model_parallel_group()
+
+    def get_tensor_model_parallel_src_rank(self):
+        return self.ps.get_tensor_model_parallel_src_rank()
+
+    def get_data_parallel_rank(self):
+        return self.ps.get_data_parallel_rank()
+
+    def get_data_parallel_world_size(self):
+        return self.ps.get_data_parallel_world_size()
+
+    def get_data_parallel_group(self):
+        return self.ps.get_data_parallel_group()
+
+    def get_pipeline_model_parallel_rank(self):
+        return 0
+
+    def get_pipeline_model_parallel_world_size(self):
+        return 1
+
+    def get_pipeline_model_parallel_group(self):
+        return self.ps.get_pipeline_model_parallel_group()
+
+
+class _Veto:
+    """Wraps the basic optimizer's step: DeepSpeed has computed (and all-reduced) the global
+    grad norm by then; the loop's policy decides once per optimizer step, and a rejected step
+    leaves weights and moments untouched (ZeRO calls step once per param group / sub-group)."""
+
+    def __init__(self, engine):
+        self.engine, self.decision, self.approve, self.loss, self.grad_norm = engine, None, None, None, None
+        basic = engine.ds.optimizer
+        while hasattr(basic, "optimizer") and basic.optimizer is not basic:   # ZeRO / fp16 wrappers
+            basic = basic.optimizer
+        self.basic, self.inner_step = basic, basic.step
+        basic.step = self.step
+
+    def arm(self, approve, loss: float) -> None:
+        self.decision, self.approve, self.loss, self.grad_norm = None, approve, loss, None
+
+    def step(self, *args, **kwargs):
+        if self.decision is None:
+            if self.grad_norm is None:
+                self.grad_norm = float(self.engine.ds.optimizer._global_grad_norm)
+            ok = math.isfinite(self.grad_norm) and math.isfinite(self.loss)
+            if self.approve is not None:
+                ok = self.approve(self.loss, self.grad_norm)
+            self.decision = ok
+        if self.decision:
+            return self.inner_step(*args, **kwargs)
+        return None
+
+
+class DeepSpeedEngine:
+    name = "deepspeed"
+
+    def __init__(self, cfg: JobConfig):
+        import deepspeed
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        from ..megatron import cpu_compat as megatron_cpu_compat
+        self.cfg = cfg
+        self.on_cpu = megatron_cpu_compat.apply()     # the model is megatron-core's
+        cpu_compat.apply()
+        init_distributed(cfg.stability.distributed_timeout_minutes)
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)   # wraps ours
+        if not ps.model_parallel_is_initialized():
+            ps.initialize_model_parallel(tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size)
+        self.ps = ps
+        torch.manual_seed(cfg.seed)
+        model_parallel_cuda_manual_seed(cfg.seed)
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        from deepspeed.accelerator import get_accelerator
+        if cfg.precision.fp16 and not get_accelerator().is_fp16_supported():
+            raise ValueError(f"precision=fp16: DeepSpeed's {get_accelerator()._name} accelerator has no fp16 on this "
+                             "machine (on CPU it needs AVX512-FP16/AMX-FP16). Fix: precision=bf16 or fp32.")
+        self.ds_config = render(cfg, self.on_cpu)
+        if dist.get_rank() == 0:
+            Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(cfg.run_dir) / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2) + "\n")
+        self.mpu = MegatronMpu(ps)
+        model = self._build_model(deepspeed)
+        self.ds, _, _, _ = deepspeed.initialize(model=model, model_parameters=self._param_groups(model),
+                                                config=self.ds_config, mpu=self.mpu, dist_init_required=False)
+        self.veto = _Veto(self)
+
+    # ---- construction ---------------------------------------------------------------
+    def _build_model(self, deepspeed):
+        from ..megatron.init import layout_invariant_init
+        from ..megatron.model import build_gpt_model, transformer_config
+        from .universal import set_universal_info
+        cfg = self.cfg
+        self.tconfig = transformer_config(cfg)
+        stage3 = cfg.parallel.zero_stage == 3
+        # ZeRO-3: parameters are partitioned as each module is built, never whole on one rank.
+        if stage3:
+            with deepspeed.zero.Init(config_dict_or_path=self.ds_config, mpu=self.mpu,
+                                     data_parallel_group=self.ps.get_data_parallel_group()):
+                model = build_gpt_model(cfg, self.tconfig)
+        else:
+            model = build_gpt_model(cfg, self.tconfig)
+        if cfg.model.layout_invariant_init:
+            gather = ((lambda p: deepspeed.zero.GatheredParameters([p], modifier_rank=0)) if stage3
+                      else (lambda p: contextlib.nullcontext()))
+            layout_invariant_init(cfg, model, 0, gather=gather)
+        if not self.on_cpu and not stage3:
+            model.cuda(torch.cuda.current_device())
+        set_universal_info(model, cfg)
+        return model
+
+    def _param_groups(self, model) -> List[dict]:
+        kinds = self.cfg.optim.no_weight_decay_on
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                (no_decay if exempt_from_weight_decay(name, kinds) else decay).append(p)
+        return [g for g in ({"params": decay, "wd_mult": 1.0}, {"params": no_decay, "wd_mult": 0.0}) if g["params"]]
+
+    # ---- steps ----------------------------------------------------------------------
+    def _device(self):
+        return "cpu" if self.on_cpu else torch.cuda.current_device()
+
+    def _micro_losses(self, batch: Dict[str, torch.Tensor]):
+        z = self.cfg.model.z_loss_coeff
+        batch = {k: v.to(self._device(), non_blocking=True) for k, v in batch.items()}
+        output = self.ds(batch["tokens"], batch["position_ids"], None, labels=None if z else batch["labels"])
+        return token_mean_loss(z, batch["loss_mask"], batch["labels"], output)
+
+    def _mean_over_dp(self, values: List[torch.Tensor]) -> List[float]:
+        value = torch.stack([v.double() for v in values])
+        dist.all_reduce(value, group=self.ps.get_data_parallel_group())
+        return (value / self.dp_size).tolist()
+
+    def set_lr(self, lr: float) -> None:
+        wd = self.cfg.optim.weight_decay
+        for group in self.ds.optimizer.param_groups:
+            group["lr"] = lr
+            group["weight_decay"] = wd * group.get("wd_mult", 1.0)
+
+    def _reduced_grad_norm(self) -> float:
+        """Global L2 norm of the all-reduced .grad of every parameter, TP-aware (a TP-replicated
+        parameter counted once). For ZeRO-0 fp32, where DeepSpeed clips in the engine and keeps
+        no norm; computed before its clip."""
+        tp_rank = self.ps.get_tensor_model_parallel_rank()
+        squares = torch.zeros(1, dtype=torch.float64, device=self._device())
+        for p in self.ds.module.parameters():
+            if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
+                squares += p.grad.double().square().sum()
+        dist.all_reduce(squares, group=self.ps.get_tensor_model_parallel_group())
+        return float(squares.sqrt())
+
+    def train_step(self, micro_batches, lr: float, approve=None) -> StepResult:
+        """One optimizer step over this rank's micro-batches (their number follows the ramp).
+        Each micro-batch loss is divided by their number and DeepSpeed's own division by its
+        fixed gradient_accumulation_steps is turned off, so the gradient is the mean over
+        micro-batches and DP ranks whatever the batch size of this step."""
+        self.set_lr(lr)
+        self.ds.train()
+        n, z = len(micro_batches), bool(self.cfg.model.z_loss_coeff)
+        sums = None
+        for i, batch in enumerate(micro_batches):
+            self.ds.set_gradient_accumulation_boundary(i == n - 1)
+            loss, parts = self._micro_losses(batch)
+            self.ds.backward(loss / n, scale_wrt_gas=False)
+            detached = [parts["lm loss"]] + ([parts["z loss"]] if z else [])
+            sums = detached if sums is None else [a + b for a, b in zip(sums, detached)]
+        means = self._mean_over_dp([s / n for s in sums])
+        loss_value, z_value = means[0], (means[1] if z else None)
+        skipped_before = self.ds.skipped_steps
+        self.veto.arm(approve, loss_value)
+        if not hasattr(self.ds.optimizer, "_global_grad_norm"):
+            self.veto.grad_norm = self._reduced_grad_norm()
+        self.ds.step()
+        overflow = self.ds.skipped_steps > skipped_before
+        scale = float(self.ds.optimizer.cur_scale) if self.cfg.precision.fp16 else None
+        if overflow:
+            return StepResult(loss=loss_value, grad_norm=None, skipped=True, loss_scale=scale, z_loss=z_value)
+        rejected = self.veto.decision is False
+        return StepResult(loss=loss_value, grad_norm=self.veto.grad_norm, skipped=rejected, loss_scale=scale,
+                          rejected=rejected, z_loss=z_value)
+
+    @torch.no_grad()
+    def eval_loss(self, micro_batches) -> float:
+        self.ds.eval()
+        losses = [self._micro_losses(b)[1]["lm loss"] for b in micro_batches]
+        return self._mean_over_dp([torch.stack(losses).double().mean()])[0]
+
+    # ---- checkpoints (pretrain/checkpoint.py owns directories and loop state) -----------
+    def checkpoint_meta(self) -> dict:
+        p = self.cfg.parallel
+        precision = "bf16" if self.cfg.precision.bf16 else "fp16" if self.cfg.precision.fp16 else "fp32"
+        return {"engine": self.name, "precision": precision, "zero_stage": p.zero_stage,
+                "layout": {"tp": p.tensor_model_parallel_size, "pp": 1, "vpp": None, "cp": 1, "dp": self.dp_size,
+                           "world_size": dist.get_world_size(), "distributed_optimizer": False}}
+
+    def save_checkpoint(self, directory) -> None:
+        from . import checkpointing
+        checkpointing.save(self, Path(directory))
+
+    def load_checkpoint(self, directory, meta: dict, weights_only: bool) -> None:
+        from . import checkpointing
+        if meta["engine_state"]["engine"] != self.name:
+            raise ValueError(f"{directory}: written by the {meta['engine_state']['engine']} engine; this run uses "
+                             f"{self.name}. Convert it first (see README, Checkpoints).")
+        checkpointing.load(self, Path(directory), meta, weights_only, log=self._log)
+
+    def _log(self, text: str) -> None:
+        if self.is_logging_rank():
+            print(text, flush=True)
+
+    def is_logging_rank(self) -> bool:
+        return dist.get_rank() == dist.get_world_size() - 1
+
+    def close(self) -> None:
+        """Release the engine and the parallel state; the process group stays (another engine may follow)."""
+        self.ds.destroy()
+        self.ps.destroy_model_parallel()
+
+    def shutdown(self) -> None:
+        self.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

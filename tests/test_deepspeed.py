@@ -1,0 +1,170 @@
+"""The DeepSpeed engine on 2 CPU processes (gloo, DeepSpeed 0.19.8, megatron-core's GPTModel).
+
+One launch trains every configuration for the first 8 steps of the layout tests' schedule
+(tests/run_jobs.py: the real pretrain.train.run per job); they are compared with each other
+and with the megatron-core engine's DP=2 run. Then checkpoints: same-layout resume on 2
+processes, and 2 -> 1 process through DeepSpeed's universal format, checked against the
+consolidated (zero_to_fp32) model on the same batch. Every recipe option of this engine
+appears below: zero_stage 0-3, offload_optimizer, offload_param, ds_config_template, TP,
+precision (fp16 is skipped where DeepSpeed's CPU accelerator refuses it), recompute,
+profile.flops_profile_step, the batch ramp.
+"""
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import PY, REPO
+from tests.training import STEPS, train_many
+
+N = 8
+SHORT = [f"schedule.train_iters={N}", f"schedule.lr_decay={STEPS}"]     # the 20-step runs' first 8 steps
+SAVE = ["checkpoint.save_interval=4"]
+DROPOUT = ["model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
+RAMP = ["batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24", "batch.micro_batch_size=2"]
+K = 4
+
+
+def ckpt(run_dir, step=K):
+    return run_dir / "checkpoints" / f"step_{step:08d}"
+
+
+@pytest.fixture(scope="session")
+def ds_runs(demo_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("deepspeed")
+    template = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
+    template["gradient_clipping"] = 1.0                     # spelled out, equal to the recipe's: accepted
+    template["zero_optimization"].update(reduce_bucket_size=200_000, allgather_bucket_size=200_000,
+                                         overlap_comm=False)   # many small buckets
+    (root / "mine.json").write_text(json.dumps(template))
+    jobs = {
+        "zero0": ["parallel=ds-zero0"],
+        "zero1": ["parallel=ds-zero1", "profile.flops_profile_step=2", "logging.tensorboard=true"],
+        "zero2": ["parallel=ds-zero2", f"parallel.ds_config_template={root / 'mine.json'}"] + SAVE,
+        "zero3": ["parallel=ds-zero3", "parallel.recompute_granularity=full", "parallel.recompute_num_layers=2"],
+        "tp2-zero1": ["parallel=ds-zero1", "parallel.tensor_model_parallel_size=2"] + SAVE,
+        "zero2-offload": ["parallel=ds-zero2-offload"],
+        "zero3-offload-param": ["parallel=ds-zero3-offload-param"] + SAVE,
+        "dropout": ["parallel=ds-zero1"] + DROPOUT + SAVE,
+        "ramp": ["parallel=ds-zero2"] + RAMP,
+        "ramp-megatron": RAMP,
+        "bf16": ["parallel=ds-zero1", "precision=bf16", "schedule.train_iters=3"],   # emulated bf16 is slow here
+    }
+    runs = train_many(root, {name: SHORT + overrides for name, overrides in jobs.items()})
+    runs["root"] = root
+    return runs
+
+
+def losses(records):
+    return [r["loss"] for r in records]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["zero0", "zero1", "zero2", "zero3", "tp2-zero1", "zero2-offload",
+                                  "zero3-offload-param"])
+def test_every_zero_stage_offload_and_tp2_equal_the_megatron_engine(ds_runs, layout_runs, name):
+    megatron_dp2 = losses(layout_runs("dp2-distopt"))[:N]
+    ours = losses(ds_runs[name])
+    assert megatron_dp2[-1] < megatron_dp2[0] - 0.5                       # it learns
+    # Stated tolerance: 1e-5 absolute (fp32 reductions in another order: ZeRO buckets, TP all-reduce).
+    for step, (a, b) in enumerate(zip(ours, megatron_dp2)):
+        assert abs(a - b) < 1e-5, (name, step + 1, a, b)
+    # Grad norms amplify those differences over the steps: 1e-3 relative.
+    assert [r["grad_norm"] for r in ds_runs[name]] == pytest.approx(
+        [r["grad_norm"] for r in layout_runs("dp2-distopt")[:N]], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_the_ramp_marks_its_own_accumulation_boundary(ds_runs):
+    # 2 x 2 ranks x micro 2 -> 8, 8, 12, 16, ...: 2, 2, 3, 4 micro-batches per rank. DeepSpeed's config says 4;
+    # its counter would step in the middle of a batch. The megatron engine runs the same micro-batches explicitly.
+    assert [r["global_batch"] for r in ds_runs["ramp"]] == [8, 8, 12, 16, 16, 16, 16, 16]
+    for a, b in zip(losses(ds_runs["ramp"]), losses(ds_runs["ramp-megatron"])):
+        assert abs(a - b) < 1e-5
+
+
+@pytest.mark.slow
+def test_bf16_runs_and_tracks_fp32(ds_runs):
+    for a, b in zip(losses(ds_runs["bf16"]), losses(ds_runs["zero1"])):
+        assert abs(a - b) < 0.02 * b            # stated tolerance: 2% relative
+    assert all(r["grad_norm"] > 0 for r in ds_runs["bf16"])
+
+
+@pytest.mark.slow
+def test_run_directory_holds_the_rendered_config_flops_profile_and_tensorboard(ds_runs):
+    run = ds_runs["root"] / "zero1"
+    config = json.loads((run / "ds_config.json").read_text())
+    assert config["train_batch_size"] == 16 and config["gradient_accumulation_steps"] == 2
+    assert config["zero_optimization"]["stage"] == 1 and config["optimizer"]["params"]["lr"] == 1e-3
+    assert "Flops Profiler" in (run / "flops_profile.txt").read_text()
+    assert list((run / "tensorboard").rglob("events.out.tfevents.*"))
+    mine = json.loads((ds_runs["root"] / "zero2" / "ds_config.json").read_text())    # its own template
+    assert mine["zero_optimization"]["reduce_bucket_size"] == 200_000
+    info = subprocess.run([PY, "-m", "pretrain.ckpt_info", str(ckpt(ds_runs["root"] / "zero2"))], cwd=REPO,
+                          capture_output=True, text=True)
+    assert info.returncode == 0, info.stderr
+    assert "engine      deepspeed" in info.stdout and "DP=2 (world 2); ZeRO-2" in info.stdout, info.stdout
+
+
+def test_fp16_runs_or_is_refused_with_the_reason(tmp_path, demo_data):
+    from deepspeed.accelerator import get_accelerator
+    if not get_accelerator().is_fp16_supported():
+        pytest.skip(f"DeepSpeed's {get_accelerator()._name} accelerator has no fp16 on this machine (needs "
+                    "AVX512-FP16/AMX-FP16 on CPU); the engine refuses such a run with this reason")
+    runs = train_many(tmp_path, {"fp16": SHORT + ["parallel=ds-zero2", "precision=fp16", "schedule.train_iters=4"]})
+    assert all(r["loss"] < 9 for r in runs["fp16"])
+
+
+@pytest.fixture(scope="session")
+def resumed(ds_runs, tmp_path_factory):
+    """Same layout (2 processes) from step K, and 2 -> 1 process through the universal format."""
+    root = ds_runs["root"]
+    same = train_many(tmp_path_factory.mktemp("ds_resume2"), {
+        "dropout": SHORT + ["parallel=ds-zero1"] + DROPOUT + [f"checkpoint.load={ckpt(root / 'dropout')}"],
+        "zero3-offload-param": SHORT + ["parallel=ds-zero3-offload-param",
+                                        f"checkpoint.load={ckpt(root / 'zero3-offload-param')}"]})
+    one_root = tmp_path_factory.mktemp("ds_resume1")
+    one = train_many(one_root, {
+        "zero2": SHORT + ["parallel=ds-zero2", f"checkpoint.load={ckpt(root / 'zero2')}"],
+        "tp2-zero1": SHORT + ["parallel=ds-zero1", f"checkpoint.load={ckpt(root / 'tp2-zero1')}"]}, nproc=1)
+    return same, one, one_root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dropout", "zero3-offload-param"])
+def test_resume_reproduces_the_uninterrupted_run_exactly(ds_runs, resumed, name):
+    # Dropout on: the per-rank RNG files must come back too.
+    again = resumed[0][name]
+    assert [r["step"] for r in again] == list(range(K + 1, N + 1))
+    for key in ("loss", "grad_norm", "lr", "consumed_samples"):
+        assert [r[key] for r in again] == [r[key] for r in ds_runs[name][K:]], key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["zero2", "tp2-zero1"])
+def test_two_rank_checkpoint_resumes_on_one_through_the_universal_format(ds_runs, resumed, name, single_rank_megatron):
+    from pretrain.engines.deepspeed.consolidate import consolidated_state_dict
+    _, one, one_root = resumed
+    again = one[name]
+    assert (one_root / name / "universal" / ckpt(ds_runs["root"] / name).name / "zero").is_dir()
+    assert [r["step"] for r in again] == list(range(K + 1, N + 1))
+    # The next step's loss is the consolidated model's loss on the same batch (forward before the update) ...
+    state = consolidated_state_dict(ckpt(ds_runs["root"] / name), scratch=one_root / "consolidate")
+    assert abs(again[0]["loss"] - consolidated_loss(state, consumed=K * 16)) < 1e-5
+    # ... and, optimizer state included, the run continues as the uninterrupted one did.
+    for a, b in zip(again, ds_runs[name][K:]):
+        assert abs(a["loss"] - b["loss"]) < 1e-5, (a["step"], a["loss"], b["loss"])
+
+
+def consolidated_loss(state, consumed: int) -> float:
+    """Loss of a TP=1 megatron-core GPTModel holding `state` on the global batch after `consumed` samples."""
+    from pretrain.config import load_recipe
+    from pretrain.data import StepBatches, build_datasets, split_sizes
+    from pretrain.engines.megatron.checkpointing import unwrap
+    from pretrain.engines.megatron.engine import MegatronEngine
+    from tests.training import BASE
+    engine = MegatronEngine(load_recipe("gpt-tiny", BASE + SHORT + ["cluster.devices_per_node=1"]))
+    missing, unexpected = unwrap(engine.model[0]).load_state_dict(state, strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
+    train, _, _ = build_datasets(engine.cfg, *split_sizes(engine.cfg))
+    return engine.eval_loss(StepBatches(train, 4, 0, 1).micro_batches(consumed, 16))
