@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,9 +54,15 @@ def launch_local(job, run_dir: Path) -> int:
         return 2
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "pretrain.train", "--config", str(run_dir / "config.yaml")]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))))
-    print(f">> {' '.join(cmd)}", flush=True)
-    return subprocess.call(cmd, env=env)
+    threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # The launch script is kept in the run directory (reproducibility) and is what runs; every
+    # value in it is shell-quoted.
+    script = run_dir / "launch.sh"
+    script.write_text("#!/usr/bin/env bash\n# Written by `make pretrain` (launch/__main__.py); re-running it continues the run.\n"
+                      f"set -euo pipefail\nexport OMP_NUM_THREADS={shlex.quote(threads)}\nexec {shlex.join(cmd)}\n")
+    script.chmod(0o755)
+    print(f">> {script}: {shlex.join(cmd)}", flush=True)
+    return subprocess.call(["bash", str(script)])
 
 
 def main() -> int:

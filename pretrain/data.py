@@ -87,29 +87,52 @@ def collate(samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
 
 
 class StepBatches:
-    """Micro-batches of one step for one DP rank, from a dataset addressed by sample index."""
+    """Micro-batches of one step for one DP rank, from a dataset addressed by sample index.
+
+    The position is consumed_samples alone; the only state is the list of reshuffled windows
+    (stability.rollback_data=reshuffle): [start, end, seed] ranges of sample positions read in
+    a seeded permuted order, so a replay after a rollback forms different batches from the same
+    samples. It is saved in every checkpoint."""
 
     def __init__(self, dataset, micro_batch_size: int, dp_rank: int, dp_size: int):
         self.dataset, self.mbs, self.dp_rank, self.dp_size = dataset, micro_batch_size, dp_rank, dp_size
+        self.reshuffled: List[list] = []
+        self._perms: Dict[tuple, torch.Tensor] = {}
 
-    def state(self) -> dict:          # the position is consumed_samples alone
-        return {}
+    def state(self) -> dict:
+        return {"reshuffled": [list(w) for w in self.reshuffled]} if self.reshuffled else {}
 
     def load_state(self, state: dict) -> None:
-        pass
+        self.reshuffled = [list(w) for w in state.get("reshuffled", [])]
 
     def advance(self, consumed: int, count: int) -> None:    # skipping samples needs no bookkeeping
         pass
 
+    def reshuffle(self, start: int, count: int, seed: int) -> None:
+        """Read sample positions [start, start + count) in a permuted order from now on."""
+        if count > 0:
+            self.reshuffled.append([start, start + count, seed])
+
     def current_weights(self) -> None:
         return None
+
+    def index(self, position: int) -> int:
+        """Dataset index of sample position `position` (the newest window containing it decides)."""
+        for start, end, seed in reversed(self.reshuffled):
+            if start <= position < end:
+                key = (start, end, seed)
+                if key not in self._perms:
+                    self._perms[key] = torch.randperm(end - start, generator=torch.Generator().manual_seed(seed))
+                position = start + int(self._perms[key][position - start])
+                break
+        return position % len(self.dataset)
 
     def micro_batches(self, consumed: int, global_batch: int) -> List[Dict[str, torch.Tensor]]:
         per_micro = self.mbs * self.dp_size
         out = []
         for j in range(global_batch // per_micro):
             start = consumed + j * per_micro + self.dp_rank * self.mbs
-            out.append(collate([self.dataset[(start + i) % len(self.dataset)] for i in range(self.mbs)]))
+            out.append(collate([self.dataset[self.index(start + i)] for i in range(self.mbs)]))
         return out
 
 

@@ -6,7 +6,8 @@ State the loop owns (step, consumed samples, skipped steps, data-mix counters) l
 takes exactly the steps the uninterrupted one would have. Engines provide
 `train_step(micro_batches, lr) -> StepResult`, `eval_loss(micro_batches) -> float`, `dp_rank`,
 `dp_size`, `is_logging_rank()`, `checkpoint_meta()`, `save_checkpoint(dir)`,
-`load_checkpoint(dir, meta, weights_only)` and `shutdown()`.
+`save_checkpoint(dir, on_done)`, `finalize_saves(blocking)`, `load_checkpoint(dir, meta, weights_only)`,
+`close()` and `shutdown()`.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class LoopState:
     data: dict = field(default_factory=dict)   # data-mix counters (pretrain/data.py), empty for a fixed mix
     lr_scale: float = 1.0         # product of rollback LR factors so far
     rollbacks: int = 0
+    guard: dict = field(default_factory=dict)   # the spike policy's running statistics (pretrain/stability.py)
 
 
 class RunStopped(RuntimeError):
@@ -93,6 +95,7 @@ class Trainer:
             return
         self.state = LoopState(**found.meta["loop"])
         self.train_batches.load_state(self.state.data)
+        self.guard.load_state(self.state.guard)
         self.metrics.skipped_total = self.state.skipped_steps
         self.saved_step = self.state.step
         self.log(f">> resumed from {found.path}: step {self.state.step}, {self.state.consumed_samples} samples consumed")
@@ -100,6 +103,7 @@ class Trainer:
     def rollback(self) -> None:
         """Back to the newest intact checkpoint with a lower LR, past (or replaying) the data since."""
         st, c = self.state, self.cfg.stability
+        self.engine.finalize_saves(blocking=True)        # a save in flight may be the one to return to
         found = self.store.agreed_resumable()
         if found is None:
             self.metrics.event({"kind": "rollback_impossible", "step": st.step, "why": "no checkpoint yet"})
@@ -116,6 +120,9 @@ class Trainer:
         if c.rollback_data == "skip":
             self.train_batches.advance(restored.consumed_samples, spike_consumed - restored.consumed_samples)
             restored.consumed_samples = spike_consumed
+        elif c.rollback_data == "reshuffle":        # the same samples again, in other batches
+            self.train_batches.reshuffle(restored.consumed_samples, spike_consumed - restored.consumed_samples,
+                                         seed=self.cfg.seed + 1000003 * (st.rollbacks + 1))
         restored.lr_scale = st.lr_scale * c.rollback_lr_factor
         restored.rollbacks = st.rollbacks + 1
         restored.skipped_steps = self.metrics.skipped_total
@@ -142,19 +149,27 @@ class Trainer:
                 mb["labels"] = torch.randint(0, self.cfg.model.vocab_size, mb["labels"].shape, generator=gen)
 
     def save(self) -> None:
+        """Checkpoint the current step. The commit (meta.json, rename, `latest`) runs once every
+        rank's shards are on disk: right away, or later from finalize_saves (checkpoint.async_save)."""
         import time
+        self.engine.finalize_saves(blocking=True)        # one save in flight at a time
         started, st = time.perf_counter(), self.state
         st.data = self.train_batches.state()
+        st.guard = self.guard.state()
         st.skipped_steps = self.metrics.skipped_total
-        directory = self.store.begin(st.step)
-        self.engine.save_checkpoint(directory)
+        step = st.step
+        directory = self.store.begin(step)
         meta = {"loop": asdict(st), "consumed_tokens": st.consumed_samples * self.cfg.model.seq_length,
                 "engine_state": self.engine.checkpoint_meta(), "recipe": self.cfg.name, "config": to_yaml(self.cfg),
                 "versions": versions()}
-        path = self.store.commit(st.step, meta)
-        self.saved_step = st.step
-        self.log(f">> saved checkpoint {path} in {time.perf_counter() - started:.1f} s")
-        self.metrics.reset_window()          # throughput excludes the save
+
+        def commit() -> None:
+            path = self.store.commit(step, meta)
+            self.log(f">> saved checkpoint {path} {time.perf_counter() - started:.1f} s after it was started")
+
+        self.engine.save_checkpoint(directory, on_done=commit)
+        self.saved_step = step
+        self.metrics.reset_window()          # throughput excludes the (blocking part of the) save
 
     def lr(self, state: LoopState, global_batch: int) -> float:
         """LR of the step about to be taken (position = steps or tokens after it)."""
@@ -188,10 +203,28 @@ class Trainer:
         cfg = self.cfg
         rank = dist.get_rank() if dist.is_initialized() else 0
         watchdog = Watchdog(self.run_dir, cfg.stability.watchdog_minutes, rank)
-        watchdog.kick()
-        self.resume()
-        watchdog.kick()                  # loading a large checkpoint is progress, not a hang
-        st, interval = self.state, cfg.checkpoint.save_interval
+        try:
+            watchdog.kick()
+            self.resume()
+            watchdog.kick()                  # loading a large checkpoint is progress, not a hang
+            self._steps(watchdog, rank)
+            if cfg.checkpoint.save_final and self.saved_step != self.state.step:
+                self.save()
+            self.engine.finalize_saves(blocking=True)
+            watchdog.kick()
+            self.evaluate("valid")
+            if cfg.eval.final_test:
+                self.evaluate("test")
+        finally:
+            watchdog.stop()                  # also when the policy stops the run (RunStopped)
+        if self.engine.is_logging_rank():
+            (self.run_dir / "final.json").write_text(json.dumps({"state": asdict(self.state),
+                                                                 "final": self.history[-2:]}))
+        self.metrics.close()
+        return self.history
+
+    def _steps(self, watchdog, rank: int) -> None:
+        cfg, st, interval = self.cfg, self.state, self.cfg.checkpoint.save_interval
         with self._profiler() as prof:
             while st.step < cfg.derived.train_iters:
                 if st.step + 1 == cfg.fault.hang_at_step and rank == cfg.fault.rank:
@@ -202,6 +235,7 @@ class Trainer:
                 micro = self.train_batches.micro_batches(st.consumed_samples, global_batch)
                 self._inject_faults(micro, st.step + 1, rank)
                 result = self.engine.train_step(micro, lr, approve=functools.partial(self.guard.approve, st.step + 1))
+                self.engine.finalize_saves(blocking=False)
                 if self.guard.event:
                     self.metrics.event(self.guard.event, rank=rank)
                 st.consumed_samples += global_batch
@@ -223,14 +257,3 @@ class Trainer:
                 if cfg.eval.eval_interval and st.step % cfg.eval.eval_interval == 0 and st.step < cfg.derived.train_iters:
                     self.evaluate("valid")
                     watchdog.kick()
-        if cfg.checkpoint.save_final and self.saved_step != st.step:
-            self.save()
-            watchdog.kick()
-        self.evaluate("valid")
-        if cfg.eval.final_test:
-            self.evaluate("test")
-        watchdog.stop()
-        if self.engine.is_logging_rank():
-            (self.run_dir / "final.json").write_text(json.dumps({"state": asdict(st), "final": self.history[-2:]}))
-        self.metrics.close()
-        return self.history

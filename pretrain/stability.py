@@ -73,6 +73,17 @@ class SpikeGuard:
             self.norms.append(grad_norm)
         return policy == "off"
 
+    def state(self) -> dict:
+        """The running statistics, kept in checkpoints: a resumed run judges its next steps by the
+        same window as the uninterrupted run would have (not by an empty one for spike_window steps)."""
+        return {"losses": list(self.losses), "norms": list(self.norms), "recent_spikes": list(self.recent_spikes)}
+
+    def load_state(self, state: dict) -> None:
+        self.losses.clear(), self.norms.clear(), self.recent_spikes.clear()
+        self.losses.extend(state.get("losses", []))
+        self.norms.extend(state.get("norms", []))
+        self.recent_spikes.extend(state.get("recent_spikes", []))
+
     @property
     def wants_rollback(self) -> bool:
         return bool(self.event and self.event["action"] == "rollback")

@@ -29,8 +29,11 @@ def ckpt(run_dir, step):
 def test_distributed_optimizer_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, demo_data):
     # DP=2 with the distributed optimizer; dropout on, so per-rank RNG states must come back too.
     # The uninterrupted run also checks the ramp against the calculator step by step, and profile.steps.
+    # It saves asynchronously: training goes on while step K is written, and the resume is still exact.
     extra = RAMP + ["parallel=dist-opt"]
-    full = train(tmp_path, "full", extra + [f"checkpoint.save_interval={K}", "profile.steps=[2,3]"])
+    full = train(tmp_path, "full", extra + [f"checkpoint.save_interval={K}", "profile.steps=[2,3]",
+                                            "checkpoint.async_save=true"])
+    assert json.loads((ckpt(tmp_path / "full", K) / "meta.json").read_text())["loop"]["step"] == K
     cfg = load_recipe("gpt-tiny", BASE + extra + ["cluster.devices_per_node=2"])
     expected, consumed = [], 0
     for _ in range(8):

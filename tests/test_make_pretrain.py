@@ -27,6 +27,8 @@ def test_make_pretrain_end_to_end(demo_data, tmp_path):
     assert [r["host"] for r in provenance["ranks"]] == [provenance["ranks"][0]["host"]] * 2
     assert "torch==2.13.0" in (run_dir / "provenance" / "pip-freeze.txt").read_text()
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000006"    # saved at the end
+    launch_script = (run_dir / "launch.sh").read_text()                                    # what ran, quoted
+    assert f"--config '{run_dir / 'config.yaml'}'" in launch_script and "--nproc_per_node=2" in launch_script
 
     def make_pretrain(extra=""):
         return subprocess.run(["make", "-s", "pretrain", "RECIPE=gpt-tiny", f"OVERRIDES={overrides}{extra}"], cwd=REPO,

@@ -12,7 +12,7 @@ from tests.conftest import PY, REPO
 
 
 @pytest.mark.parametrize("recipe,overrides", [
-    ("gpt-tiny", []), ("llama-tiny", []), ("llama-tiny", ["model.qk_layernorm=true"]),
+    ("gpt-tiny", []), ("llama-tiny", []), ("llama-tiny", ["model.qk_layernorm=true", "model.embedding_layernorm=true"]),
     ("gpt-125m", ["cluster=local"]),
 ])
 def test_param_count_equals_the_megatron_core_model(single_rank_megatron, recipe, overrides):

@@ -137,3 +137,64 @@ def test_z_loss_adds_coeff_times_logsumexp_squared(single_rank_megatron):
     assert b.loss == pytest.approx(a.loss, rel=1e-6) and a.z_loss is None
     assert b.z_loss == pytest.approx(1e-2 * lse.square().mean().item(), rel=1e-5)
     assert abs(b.grad_norm - a.grad_norm) > 1e-4
+
+
+POLICY = ["data=mock", "cluster.devices_per_node=1", "batch.global_batch_size=8", "batch.micro_batch_size=4",
+          "model.num_layers=2", "schedule.train_iters=8", "schedule.lr_warmup=0", "optim.lr=1e-3",
+          "eval.eval_interval=0", "eval.final_test=false", "logging.log_interval=1", "logging.tensorboard=false",
+          "checkpoint.save_interval=3", "stability.watchdog_minutes=0", "stability.spike_policy=rollback",
+          "stability.spike_window=2", "stability.spike_ratio=0.5", "stability.rollback_after=2",
+          "stability.rollback_data=reshuffle", "stability.max_rollbacks=1", "fault.nan_at_step=1"]
+
+
+@pytest.mark.parametrize("engine", ["megatron", "deepspeed"])
+def test_rollback_reshuffles_the_window_then_stops_after_max_rollbacks(tmp_path, single_rank_megatron, engine):
+    """In process, 1 rank, real engine and loop. Step 1's loss is NaN: skipped. spike_ratio=0.5 calls
+    every step after the 2-step window (steps 2, 3) a spike: steps 4 and 5 are vetoed (weights
+    untouched), the 2nd spike rolls back to the step-3 checkpoint and replays samples 24..39 in a
+    seeded new order; steps 4 and 5 spike again and, with max_rollbacks=1, the run stops with a report."""
+    from pretrain.config import load_recipe
+    from pretrain.engines import create_engine
+    from pretrain.loop import RunStopped, Trainer
+    extra = ["parallel=ds-zero1"] if engine == "deepspeed" else []
+    cfg = load_recipe("gpt-tiny", POLICY + extra + [f"run_dir={tmp_path}"])
+    trainer = Trainer(cfg, create_engine(cfg), tmp_path)
+    with pytest.raises(RunStopped, match=r"after 1 rollbacks \(stability.max_rollbacks=1\)"):
+        trainer.train()
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["step"]) for e in events] == [("nonfinite", 1), ("spike", 4), ("spike", 5), ("rollback", 5),
+                                                        ("spike", 4), ("spike", 5), ("stopped", 5)]
+    rollback = events[3]
+    assert (rollback["to_step"], rollback["data"], rollback["consumed_samples"]) == (3, "reshuffle", 24)
+    assert trainer.train_batches.reshuffled == [[24, 40, cfg.seed + 1000003]]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 4, 5]
+    assert [r["skipped_steps"] for r in steps] == [1, 1, 1, 2, 3, 4, 5]
+    assert math.isnan(steps[0]["loss"]) and steps[5]["loss"] != steps[3]["loss"]    # step 4 again: other samples
+    assert steps[5]["lr"] == pytest.approx(0.5 * steps[3]["lr"], rel=1e-12)
+    guard = json.loads((tmp_path / "checkpoints" / "step_00000003" / "meta.json").read_text())["loop"]["guard"]
+    assert guard["losses"] == pytest.approx([steps[1]["loss"], steps[2]["loss"]], rel=1e-12)   # resumes judge alike
+
+
+def test_reshuffled_window_reads_the_same_samples_in_another_order():
+    from pretrain.data import StepBatches
+
+    class Numbered:
+        def __len__(self):
+            return 1000
+
+        def __getitem__(self, i):
+            import torch
+            t = torch.full((4,), i)
+            return {"tokens": t, "labels": t, "loss_mask": t, "position_ids": t}
+
+    plain, shuffled = StepBatches(Numbered(), 2, 0, 1), StepBatches(Numbered(), 2, 0, 1)
+    shuffled.reshuffle(16, 16, seed=7)
+    read = [int(mb["tokens"][k, 0]) for b in (8, 16, 24, 32) for mb in shuffled.micro_batches(b, 8) for k in range(2)]
+    assert read[:8] == list(range(8, 16)) and read[24:] == list(range(32, 40))      # outside: unchanged
+    assert sorted(read[8:24]) == list(range(16, 32)) and read[8:24] != list(range(16, 32))
+    again = StepBatches(Numbered(), 2, 0, 1)
+    again.load_state(shuffled.state())                                               # what a checkpoint keeps
+    assert [int(mb["tokens"][0, 0]) for mb in again.micro_batches(16, 16)] == read[8:24:2]
+    assert plain.state() == {} and shuffled.state() == {"reshuffled": [[16, 32, 7]]}

@@ -63,6 +63,11 @@ CASES = {
     "mix_phase_weights": (["+data.mix_phases=[{start_tokens:0,weights:[1,-1]}]"], "needs non-negative weights"),
     "mix_phase_lengths": (["+data.mix_phases=[{start_tokens:0,weights:[1,1]},{start_tokens:9,weights:[1]}]"],
                           "data.mix_phases[1] has 1 weights"),
+    "reshuffle_needs_positional_data": (["stability.rollback_data=reshuffle",
+                                         "+data.mix_phases=[{start_tokens:0,weights:[1]}]"],
+                                        "stability.rollback_data=reshuffle with data.mix_phases"),
+    "async_save_is_megatron_only": (["parallel=ds-zero1", "checkpoint.async_save=true"],
+                                    "checkpoint.async_save=true with engine=deepspeed"),
     "llama_needs_rmsnorm": (["model.arch=llama"], "model.arch=llama with model.normalization=LayerNorm"),
 }
 

@@ -48,6 +48,7 @@ class ModelConfig:
     hidden_dropout: float = doc(0.0, "Dropout after attention/MLP outputs.")
     attention_dropout: float = doc(0.0, "Dropout on attention probabilities.")
     qk_layernorm: bool = doc(False, "Normalise queries and keys before the dot product (stability).")
+    embedding_layernorm: bool = doc(False, "Normalise the embedding output before the first layer (BLOOM; stability).")
     z_loss_coeff: float = doc(0.0, "PaLM z-loss: add coeff * logsumexp(logits)^2 per token (1e-4 in PaLM/OLMo); 0 off.")
     attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best available.")
     layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every TP/PP layout starts equal.")
@@ -159,6 +160,8 @@ class CheckpointConfig:
     keep_every: int = doc(0, "Also keep for good every checkpoint whose step is a multiple of M; 0: none.")
     checksums: bool = doc(False, "Also sha256 every file into meta.json and check it on resume; rank 0 reads the whole "
                           "checkpoint at each save and resume, so leave off for TB-sized checkpoints (sizes are always checked).")
+    async_save: bool = doc(False, "Megatron engine: write checkpoints in a background process while training goes on; "
+                           "committed (meta.json, `latest`) once every rank's writer finished.")
     distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' (any layout) or 'dp_reshardable' (DP may change).")
 
 
@@ -174,7 +177,8 @@ class StabilityConfig:
     spike_ratio: float = doc(0.0, "Also a spike: loss above this multiple of the window mean; 0 disables.")
     rollback_after: int = doc(3, "Spikes within spike_window steps that trigger a rollback (policy 'rollback').")
     rollback_lr_factor: float = doc(0.5, "LR multiplier applied at each rollback (persists in the checkpoint).")
-    rollback_data: str = doc("skip", "After a rollback: 'skip' the samples consumed since the checkpoint, or 'replay' them.")
+    rollback_data: str = doc("skip", "After a rollback: 'skip' the samples consumed since the checkpoint, 'replay' them, "
+                             "or 'reshuffle' them (the same samples in a seeded new order, other batches).")
     max_rollbacks: int = doc(3, "Rollbacks allowed per run; one more stops the run with a report (exit 3).")
 
 

@@ -27,7 +27,7 @@ CHOICES = {
     "checkpoint.distrib_optim_sharding_type": ("fully_reshardable", "dp_reshardable"),
     "cluster.launcher": ("local", "srun", "srun-torchrun"),
     "stability.spike_policy": ("off", "skip", "rollback"),
-    "stability.rollback_data": ("skip", "replay"),
+    "stability.rollback_data": ("skip", "replay", "reshuffle"),
 }
 NO_DECAY_KINDS = ("bias", "norm", "embedding")
 
@@ -79,6 +79,9 @@ def validate(cfg: JobConfig) -> None:
 
     # Data-mix schedule
     phases = cfg.data.mix_phases
+    if phases and cfg.stability.rollback_data == "reshuffle":
+        add("stability.rollback_data=reshuffle with data.mix_phases: the phased mix hands out samples by running "
+            "per-source counters, not by position, so a window cannot be re-ordered. Fix: rollback_data=skip or replay.")
     for i, ph in enumerate(phases):
         if not ph.weights or any(w < 0 for w in ph.weights) or sum(ph.weights) <= 0:
             add(f"data.mix_phases[{i}].weights={list(ph.weights)} needs non-negative weights with a positive sum.")
@@ -229,6 +232,8 @@ def _deepspeed_problems(cfg: JobConfig, add) -> None:
         add("parallel.offload_optimizer=true needs parallel.zero_stage>=1.")
     if p.offload_param and p.zero_stage != 3:
         add("parallel.offload_param=true needs parallel.zero_stage=3.")
+    if cfg.checkpoint.async_save:
+        add("checkpoint.async_save=true with engine=deepspeed: the DeepSpeed engine saves synchronously. Fix: remove it.")
     if o.name != "adamw":
         add(f"optim.name={o.name} with engine=deepspeed: the DeepSpeed engine builds AdamW from the template's "
             "optimizer section. Fix: optim=adamw, or engine=megatron.")

@@ -12,6 +12,30 @@ import torch
 import torch.distributed as dist
 
 
+class EngineBase:
+    """What both engines share around the loop's interface (pretrain/loop.py); subclasses define
+    `name` and `close()` (release the engine, keep the process group)."""
+    name = ""
+
+    def is_logging_rank(self) -> bool:
+        return dist.get_rank() == dist.get_world_size() - 1   # the last PP stage holds the loss first
+
+    def _log(self, text: str) -> None:
+        if self.is_logging_rank():
+            print(text, flush=True)
+
+    def _check_engine(self, directory, meta: dict) -> None:
+        written_by = meta["engine_state"]["engine"]
+        if written_by != self.name:
+            raise ValueError(f"{directory}: written by the {written_by} engine; this run uses {self.name}. Export it "
+                             "to one fp32 state dict and start from its weights (README, Checkpoints).")
+
+    def shutdown(self) -> None:
+        self.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 @dataclass
 class StepResult:
     loss: float                 # mean token loss of the step (all DP ranks, all micro-batches)

@@ -76,6 +76,8 @@ def embedding_tensors(cfg: JobConfig) -> list[Tensor]:
     if m.position_embedding_type == "learned_absolute":
         t.append(Tensor("embedding.position_embeddings.weight", (d.max_position_embeddings, m.hidden_size),
                         embedding=True))
+    if m.embedding_layernorm:
+        t += _norm("embedding.embedding_norm", m.hidden_size, cfg)
     return t
 
 

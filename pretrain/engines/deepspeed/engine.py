@@ -20,56 +20,38 @@ import torch
 import torch.distributed as dist
 
 from ...config.schema import JobConfig
-from ..common import StepResult, exempt_from_weight_decay, init_distributed, token_mean_loss
+from ..common import EngineBase, StepResult, exempt_from_weight_decay, init_distributed, token_mean_loss
 from . import cpu_compat
 from .ds_config import render
 
 
 class MegatronMpu:
     """DeepSpeed's `mpu` protocol on megatron-core's parallel_state, whose names differ
-    (DeepSpeed's "model parallel" is our TP: PP is not used with this engine)."""
+    (DeepSpeed's "model parallel" is our TP: PP is not used with this engine). Only the names
+    below exist: DeepSpeed probes others (sequence parallel) with hasattr."""
+
+    # DeepSpeed's name -> parallel_state's
+    NAMES = {"get_model_parallel_rank": "get_tensor_model_parallel_rank",
+             "get_model_parallel_world_size": "get_tensor_model_parallel_world_size",
+             "get_model_parallel_group": "get_tensor_model_parallel_group",
+             "get_tensor_model_parallel_rank": "get_tensor_model_parallel_rank",
+             "get_tensor_model_parallel_world_size": "get_tensor_model_parallel_world_size",
+             "get_tensor_model_parallel_group": "get_tensor_model_parallel_group",
+             "get_tensor_model_parallel_src_rank": "get_tensor_model_parallel_src_rank",
+             "get_data_parallel_rank": "get_data_parallel_rank",
+             "get_data_parallel_world_size": "get_data_parallel_world_size",
+             "get_data_parallel_group": "get_data_parallel_group",
+             "get_pipeline_model_parallel_rank": "get_pipeline_model_parallel_rank",
+             "get_pipeline_model_parallel_world_size": "get_pipeline_model_parallel_world_size",
+             "get_pipeline_model_parallel_group": "get_pipeline_model_parallel_group"}
 
     def __init__(self, ps):
         self.ps = ps
 
-    def get_model_parallel_rank(self):
-        return self.ps.get_tensor_model_parallel_rank()
-
-    def get_model_parallel_world_size(self):
-        return self.ps.get_tensor_model_parallel_world_size()
-
-    def get_model_parallel_group(self):
-        return self.ps.get_tensor_model_parallel_group()
-
-    def get_tensor_model_parallel_rank(self):
-        return self.ps.get_tensor_model_parallel_rank()
-
-    def get_tensor_model_parallel_world_size(self):
-        return self.ps.get_tensor_model_parallel_world_size()
-
-    def get_tensor_model_parallel_group(self):
-        return self.ps.get_tensor_model_parallel_group()
-
-    def get_tensor_model_parallel_src_rank(self):
-        return self.ps.get_tensor_model_parallel_src_rank()
-
-    def get_data_parallel_rank(self):
-        return self.ps.get_data_parallel_rank()
-
-    def get_data_parallel_world_size(self):
-        return self.ps.get_data_parallel_world_size()
-
-    def get_data_parallel_group(self):
-        return self.ps.get_data_parallel_group()
-
-    def get_pipeline_model_parallel_rank(self):
-        return 0
-
-    def get_pipeline_model_parallel_world_size(self):
-        return 1
-
-    def get_pipeline_model_parallel_group(self):
-        return self.ps.get_pipeline_model_parallel_group()
+    def __getattr__(self, name):
+        if name in MegatronMpu.NAMES:
+            return getattr(self.ps, MegatronMpu.NAMES[name])
+        raise AttributeError(name)
 
 
 class _Veto:
@@ -101,7 +83,7 @@ class _Veto:
         return None
 
 
-class DeepSpeedEngine:
+class DeepSpeedEngine(EngineBase):
     name = "deepspeed"
 
     def __init__(self, cfg: JobConfig):
@@ -225,6 +207,8 @@ class DeepSpeedEngine:
         overflow = self.ds.skipped_steps > skipped_before
         scale = float(self.ds.optimizer.cur_scale) if self.cfg.precision.fp16 else None
         if overflow:
+            if approve is not None and not self.cfg.precision.fp16:
+                approve(loss_value, math.inf)   # DeepSpeed skipped non-finite grads itself: the policy logs it
             return StepResult(loss=loss_value, grad_norm=None, skipped=True, loss_scale=scale, z_loss=z_value)
         rejected = self.veto.decision is False
         return StepResult(loss=loss_value, grad_norm=self.veto.grad_norm, skipped=rejected, loss_scale=scale,
@@ -244,30 +228,20 @@ class DeepSpeedEngine:
                 "layout": {"tp": p.tensor_model_parallel_size, "pp": 1, "vpp": None, "cp": 1, "dp": self.dp_size,
                            "world_size": dist.get_world_size(), "distributed_optimizer": False}}
 
-    def save_checkpoint(self, directory) -> None:
+    def save_checkpoint(self, directory, on_done=lambda: None) -> None:
         from . import checkpointing
         checkpointing.save(self, Path(directory))
+        on_done()
+
+    def finalize_saves(self, blocking: bool) -> None:   # saves are synchronous (checkpoint.async_save refused)
+        pass
 
     def load_checkpoint(self, directory, meta: dict, weights_only: bool) -> None:
         from . import checkpointing
-        if meta["engine_state"]["engine"] != self.name:
-            raise ValueError(f"{directory}: written by the {meta['engine_state']['engine']} engine; this run uses "
-                             f"{self.name}. Convert it first (see README, Checkpoints).")
+        self._check_engine(directory, meta)
         checkpointing.load(self, Path(directory), meta, weights_only, log=self._log)
-
-    def _log(self, text: str) -> None:
-        if self.is_logging_rank():
-            print(text, flush=True)
-
-    def is_logging_rank(self) -> bool:
-        return dist.get_rank() == dist.get_world_size() - 1
 
     def close(self) -> None:
         """Release the engine and the parallel state; the process group stays (another engine may follow)."""
         self.ds.destroy()
         self.ps.destroy_model_parallel()
-
-    def shutdown(self) -> None:
-        self.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()

@@ -72,7 +72,10 @@ def _optimizer_metadata(sharding_type: str) -> dict:
     return {"distrib_optim_sharding_type": sharding_type}
 
 
-def save(engine, directory: Path) -> None:
+def save(engine, directory: Path, async_save: bool = False):
+    """Write the checkpoint; with async_save only the planning happens here and the returned
+    megatron-core AsyncRequest writes the shards in a forked process (a snapshot of this
+    moment: on GPUs the tensors are first copied to host memory, on CPU fork's copy-on-write)."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
@@ -84,7 +87,7 @@ def save(engine, directory: Path) -> None:
     strategy = get_default_save_sharded_strategy("torch_dist")
     if engine.dp_size > 1:   # each DP replica writes a part of the replicated tensors (Megatron-LM's default)
         strategy = FullyParallelSaveStrategyWrapper(strategy, engine.ps.get_data_parallel_group(with_context_parallel=True))
-    dist_checkpointing.save(state, str(directory), sharded_strategy=strategy)
+    return dist_checkpointing.save(state, str(directory), sharded_strategy=strategy, async_sharded_save=async_save)
 
 
 def _retarget(template: dict, sources_of, saved_keys: set) -> None:

@@ -13,11 +13,11 @@ import torch
 import torch.distributed as dist
 
 from ...config.schema import JobConfig
-from ..common import StepResult, init_distributed, token_mean_loss
+from ..common import EngineBase, StepResult, init_distributed, token_mean_loss
 from . import cpu_compat
 
 
-class MegatronEngine:
+class MegatronEngine(EngineBase):
     name = "megatron"
 
     def __init__(self, cfg: JobConfig, skip_optimizer_fixes: tuple = ()):
@@ -26,6 +26,7 @@ class MegatronEngine:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         self.cfg, self.skip_optimizer_fixes = cfg, skip_optimizer_fixes
+        self._async_queue = None
         self.on_cpu = cpu_compat.apply()
         init_distributed(cfg.stability.distributed_timeout_minutes)
         p = cfg.parallel
@@ -194,29 +195,34 @@ class MegatronEngine:
                 "layout": checkpointing.layout(self),
                 "distrib_optim_sharding_type": self.cfg.checkpoint.distrib_optim_sharding_type}
 
-    def save_checkpoint(self, directory) -> None:
+    def save_checkpoint(self, directory, on_done=lambda: None) -> None:
+        """Write model, optimizer and RNG into `directory`, then call `on_done` on every rank. With
+        checkpoint.async_save the shards are written in the background while training goes on and
+        `on_done` runs from `finalize_saves` once every rank's writer has finished."""
         from . import checkpointing
-        checkpointing.save(self, directory)
+        if not self.cfg.checkpoint.async_save:
+            checkpointing.save(self, directory)
+            on_done()
+            return
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+        if self._async_queue is None:
+            self._async_queue = AsyncCallsQueue()
+        request = checkpointing.save(self, directory, async_save=True)
+        request.add_finalize_fn(on_done)
+        self._async_queue.schedule_async_request(request)
+
+    def finalize_saves(self, blocking: bool) -> None:
+        """Commit background saves whose writers finished on every rank (all of them: blocking)."""
+        if self._async_queue is not None:
+            self._async_queue.maybe_finalize_async_calls(blocking=blocking)
 
     def load_checkpoint(self, directory, meta: dict, weights_only: bool) -> None:
         from . import checkpointing
-        if meta["engine_state"]["engine"] != self.name:
-            raise ValueError(f"{directory}: written by the {meta['engine_state']['engine']} engine; this run uses "
-                             f"{self.name}. Convert it first (see README, Checkpoints).")
+        self._check_engine(directory, meta)
         checkpointing.load(self, directory, meta, weights_only, log=self._log)
-
-    def _log(self, text: str) -> None:
-        if self.is_logging_rank():
-            print(text, flush=True)
-
-    def is_logging_rank(self) -> bool:
-        return dist.get_rank() == dist.get_world_size() - 1   # last PP stage holds the loss first
 
     def close(self) -> None:
         """Release the parallel state; the process group stays (another engine may follow)."""
+        if self._async_queue is not None:
+            self._async_queue.close()
         self.ps.destroy_model_parallel()
-
-    def shutdown(self) -> None:
-        self.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()

@@ -85,8 +85,30 @@ def layer_spec(cfg: JobConfig):
     return get_gpt_layer_local_spec(qk_layernorm=cfg.model.qk_layernorm, normalization=cfg.model.normalization)
 
 
+def add_embedding_norm(model: GPTModel, cfg: JobConfig, config: TransformerConfig) -> None:
+    """model.embedding_layernorm: a norm on the embedding output (BLOOM's word_embeddings_layernorm),
+    which megatron-core's GPTModel lacks. A child of the embedding (checkpoint key
+    `embedding.embedding_norm.*`) applied by a forward hook; replicated over TP, and under sequence
+    parallel its params carry `sequence_parallel` so their grads are all-reduced over TP."""
+    norm_cls = torch.nn.LayerNorm if cfg.model.normalization == "LayerNorm" else torch.nn.RMSNorm
+    device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
+    norm = norm_cls(cfg.model.hidden_size, eps=cfg.model.layernorm_epsilon, device=device, dtype=config.params_dtype)
+    for param in norm.parameters():
+        param.sequence_parallel = config.sequence_parallel
+    model.embedding.embedding_norm = norm
+    model.embedding.register_forward_hook(lambda module, args, output: module.embedding_norm(output))
+
+
 def build_gpt_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: bool = True,
                     post_process: bool = True, vp_stage: Optional[int] = None) -> GPTModel:
+    model = _gpt_model(cfg, config, pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
+    if cfg.model.embedding_layernorm and pre_process:
+        add_embedding_norm(model, cfg, config)
+    return model
+
+
+def _gpt_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: bool, post_process: bool,
+               vp_stage: Optional[int]) -> GPTModel:
     m, d = cfg.model, cfg.derived
     return GPTModel(
         config=config,
