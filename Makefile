@@ -14,6 +14,8 @@ OUTPUT ?=
 TOKENIZER ?=
 CKPT   ?=
 RUN    ?=
+STEP   ?=
+RUNS   ?=
 # $(value ...) keeps make from expanding $(...) inside user text; exported verbatim.
 override RECIPE    := $(value RECIPE)
 override OVERRIDES := $(value OVERRIDES)
@@ -22,7 +24,8 @@ override OUTPUT    := $(value OUTPUT)
 override TOKENIZER := $(value TOKENIZER)
 override CKPT      := $(value CKPT)
 override RUN       := $(value RUN)
-export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN
+override RUNS      := $(value RUNS)
+export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS
 
 STAMP := $(VENV)/.installed
 
@@ -78,6 +81,15 @@ bench: bench-preprocess bench-train  ## all benchmarks
 
 pretrain: $(STAMP)  ## compose, validate, prepare data and train RECIPE (local torchrun here)
 	$(PY) -m launch
+
+export: $(STAMP)  ## RUN=<run_dir> | CKPT=<ckpt> OUTPUT=<dir> [STEP=N]: a checkpoint of either engine -> HF transformers dir
+	$(PY) -m pretrain.hf.convert export
+
+import-hf: $(STAMP)  ## INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<ckpt dir>: HF GPT-2/Llama -> our checkpoint (step 0)
+	$(PY) -m pretrain.hf.convert import
+
+compare: $(STAMP)  ## RUNS="runs/a runs/b" [OUTPUT=compare.png]: loss / val-ppl curves and a final-metrics table
+	$(PY) -m evals.compare
 
 ckpt-info: $(STAMP)  ## CKPT=<dir>: step, tokens, layout, precision of a checkpoint; config diff against RECIPE
 	$(PY) -m pretrain.ckpt_info

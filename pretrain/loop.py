@@ -25,6 +25,7 @@ from .config.schema import JobConfig
 from .data import StepBatches, build_datasets, eval_batches, split_sizes
 from .data_mix import PhasedMix
 from .metrics import Metrics
+from .preemption import REQUEUE_EXIT, PreemptionFlag, RunPreempted
 from .provenance import versions
 from .schedules import lr_at
 from .stability import SpikeGuard
@@ -74,6 +75,7 @@ class Trainer:
         self.saved_step = -1
         self.guard = SpikeGuard(cfg)
         self.faults_fired: set = set()
+        self.preemption = PreemptionFlag()
 
     def log(self, text: str) -> None:
         if self.engine.is_logging_rank():
@@ -142,6 +144,11 @@ class Trainer:
             print(f"FAULT INJECTED: rank {rank} has a NaN loss mask at step {step}", flush=True)
             for mb in micro:
                 mb["loss_mask"] = mb["loss_mask"].float() * float("nan")
+        if step == f.preempt_at_step and rank == f.rank:
+            import os
+            import signal
+            print(f"FAULT INJECTED: rank {rank} sends itself SIGUSR1 during step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGUSR1)
         if step == f.poison_at_step:
             import torch
             gen = torch.Generator().manual_seed(step)
@@ -203,6 +210,7 @@ class Trainer:
         cfg = self.cfg
         rank = dist.get_rank() if dist.is_initialized() else 0
         watchdog = Watchdog(self.run_dir, cfg.stability.watchdog_minutes, rank)
+        self.preemption.install()
         try:
             watchdog.kick()
             self.resume()
@@ -216,7 +224,8 @@ class Trainer:
             if cfg.eval.final_test:
                 self.evaluate("test")
         finally:
-            watchdog.stop()                  # also when the policy stops the run (RunStopped)
+            watchdog.stop()                  # also when the policy stops the run (RunStopped) or a signal came
+            self.preemption.restore()
         if self.engine.is_logging_rank():
             (self.run_dir / "final.json").write_text(json.dumps({"state": asdict(self.state),
                                                                  "final": self.history[-2:]}))
@@ -257,3 +266,16 @@ class Trainer:
                 if cfg.eval.eval_interval and st.step % cfg.eval.eval_interval == 0 and st.step < cfg.derived.train_iters:
                     self.evaluate("valid")
                     watchdog.kick()
+                if self.preemption.agreed():
+                    self._save_and_leave(watchdog)
+
+    def _save_and_leave(self, watchdog) -> None:
+        """A rank got SIGUSR1/SIGTERM (pretrain/preemption.py): checkpoint this step, exit for requeue."""
+        st = self.state
+        if self.saved_step != st.step:
+            self.save()
+        self.engine.finalize_saves(blocking=True)
+        watchdog.kick()
+        self.metrics.event({"kind": "preempted", "step": st.step, "signal": self.preemption.received})
+        raise RunPreempted(f"signal received: checkpoint of step {st.step} saved in {self.store.root}; exiting "
+                           f"with {REQUEUE_EXIT} so the job is requeued and resumes from it")

@@ -36,7 +36,7 @@ def summarize(run_dir: Path) -> tuple[str, dict]:
     for e in events:
         lines.append(f"  event step {e['step']:>6} {e['kind']}: " +
                      ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "step", "time")))
-    return "\n".join(lines), {"train": train, "events": events}
+    return "\n".join(lines), {"train": train, "events": events, "stats": stats}
 
 
 def plot(run_dir: Path, data: dict) -> Path:

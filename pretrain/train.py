@@ -37,11 +37,15 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
     dist.barrier()
     record_provenance(run_dir)
     from .loop import RunStopped
+    from .preemption import REQUEUE_EXIT, RunPreempted
     try:
         Trainer(job, engine, run_dir).train()
     except RunStopped as stop:
         print(f"STOPPED: {stop}", file=sys.stderr, flush=True)
         return 3
+    except RunPreempted as preempted:
+        print(f"PREEMPTED: {preempted}", file=sys.stderr, flush=True)
+        return REQUEUE_EXIT
     finally:
         engine.close() if keep_process_group else engine.shutdown()
     return 0

@@ -60,3 +60,10 @@ def layout_runs(demo_data, tmp_path_factory):
         return done[name]
     get.root = root
     return get
+
+
+@pytest.fixture(scope="session")
+def ds_runs(demo_data, tmp_path_factory):
+    """tests.training.ds_runs: every DeepSpeed configuration, once per session."""
+    from tests.training import ds_runs as run_all
+    return run_all(tmp_path_factory.mktemp("deepspeed"))

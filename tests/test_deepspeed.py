@@ -5,7 +5,7 @@ One launch trains every configuration for the first 8 steps of the layout tests'
 and with the megatron-core engine's DP=2 run. Then checkpoints: same-layout resume on 2
 processes, and 2 -> 1 process through DeepSpeed's universal format, checked against the
 consolidated (zero_to_fp32) model on the same batch. Every recipe option of this engine
-appears below: zero_stage 0-3, offload_optimizer, offload_param, ds_config_template, TP,
+appears in tests/training.py's ds_runs or below: zero_stage 0-3, offload_optimizer, offload_param, ds_config_template, TP,
 precision (fp16 is skipped where DeepSpeed's CPU accelerator refuses it), recompute,
 profile.flops_profile_step, the batch ramp.
 """
@@ -15,44 +15,11 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO
-from tests.training import STEPS, train_many
-
-N = 8
-SHORT = [f"schedule.train_iters={N}", f"schedule.lr_decay={STEPS}"]     # the 20-step runs' first 8 steps
-SAVE = ["checkpoint.save_interval=4"]
-DROPOUT = ["model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
-RAMP = ["batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24", "batch.micro_batch_size=2"]
-K = 4
-
-
-def ckpt(run_dir, step=K):
-    return run_dir / "checkpoints" / f"step_{step:08d}"
-
-
-@pytest.fixture(scope="session")
-def ds_runs(demo_data, tmp_path_factory):
-    root = tmp_path_factory.mktemp("deepspeed")
-    template = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
-    template["gradient_clipping"] = 1.0                     # spelled out, equal to the recipe's: accepted
-    template["zero_optimization"].update(reduce_bucket_size=200_000, allgather_bucket_size=200_000,
-                                         overlap_comm=False)   # many small buckets
-    (root / "mine.json").write_text(json.dumps(template))
-    jobs = {
-        "zero0": ["parallel=ds-zero0"],
-        "zero1": ["parallel=ds-zero1", "profile.flops_profile_step=2", "logging.tensorboard=true"],
-        "zero2": ["parallel=ds-zero2", f"parallel.ds_config_template={root / 'mine.json'}"] + SAVE,
-        "zero3": ["parallel=ds-zero3", "parallel.recompute_granularity=full", "parallel.recompute_num_layers=2"],
-        "tp2-zero1": ["parallel=ds-zero1", "parallel.tensor_model_parallel_size=2"] + SAVE,
-        "zero2-offload": ["parallel=ds-zero2-offload"],
-        "zero3-offload-param": ["parallel=ds-zero3-offload-param"] + SAVE,
-        "dropout": ["parallel=ds-zero1"] + DROPOUT + SAVE,
-        "ramp": ["parallel=ds-zero2"] + RAMP,
-        "ramp-megatron": RAMP,
-        "bf16": ["parallel=ds-zero1", "precision=bf16", "schedule.train_iters=3"],   # emulated bf16 is slow here
-    }
-    runs = train_many(root, {name: SHORT + overrides for name, overrides in jobs.items()})
-    runs["root"] = root
-    return runs
+from tests.training import DROPOUT, train_many
+from tests.training import DS_K as K
+from tests.training import DS_N as N
+from tests.training import DS_SHORT as SHORT
+from tests.training import ds_ckpt as ckpt
 
 
 def losses(records):

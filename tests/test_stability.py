@@ -198,3 +198,34 @@ def test_reshuffled_window_reads_the_same_samples_in_another_order():
     again.load_state(shuffled.state())                                               # what a checkpoint keeps
     assert [int(mb["tokens"][0, 0]) for mb in again.micro_batches(16, 16)] == read[8:24:2]
     assert plain.state() == {} and shuffled.state() == {"reshuffled": [[16, 32, 7]]}
+
+
+def test_a_signal_saves_the_step_and_exits_for_requeue_then_the_run_resumes_exactly(tmp_path, single_rank_megatron):
+    """In process, 1 rank: SIGUSR1 (what SLURM sends signal_lead_s before the time limit) during step 3
+    makes the loop save step 3 and leave with RunPreempted (exit 75 from pretrain.train); a new
+    start resumes there and steps 4-6 equal the uninterrupted run's."""
+    import signal
+
+    from pretrain.config import load_recipe
+    from pretrain.engines import create_engine
+    from pretrain.loop import Trainer
+    from pretrain.preemption import RunPreempted
+    common = POLICY[:12] + ["schedule.train_iters=6", "checkpoint.save_final=false", "stability.watchdog_minutes=0"]
+
+    def trainer(name, extra=()):
+        cfg = load_recipe("gpt-tiny", common + list(extra) + [f"run_dir={tmp_path / name}"])
+        return Trainer(cfg, create_engine(cfg), tmp_path / name)
+
+    def losses(name):
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"}
+
+    trainer("full").train()
+    before = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(RunPreempted, match="checkpoint of step 3 saved"):
+        trainer("cut", ["fault.preempt_at_step=3"]).train()
+    assert signal.getsignal(signal.SIGUSR1) == before                          # handlers restored
+    assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "step_00000003"
+    assert [json.loads(x)["kind"] for x in (tmp_path / "cut" / "events.jsonl").read_text().splitlines()] == ["preempted"]
+    trainer("cut", ["fault.preempt_at_step=3"]).train()                        # the requeued job: same command
+    assert losses("cut") == losses("full") and sorted(losses("cut")) == [1, 2, 3, 4, 5, 6]

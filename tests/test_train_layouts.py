@@ -43,9 +43,9 @@ def test_lr_per_step_follows_the_closed_form(reference):
 
 @pytest.mark.slow
 def test_bf16_tracks_fp32_within_tolerance(tmp_path, reference):
-    # bf16 matmuls on this CPU are emulated (~10x slower): 4 steps on TP=2.
-    bf16 = train(tmp_path, "bf16", ["precision=bf16", "parallel=tp2", "schedule.train_iters=4"])
-    for a, b in zip([r["loss"] for r in bf16], [r["loss"] for r in reference[:4]]):
+    # bf16 matmuls on this CPU are emulated (~10x slower): 3 steps on TP=2.
+    bf16 = train(tmp_path, "bf16", ["precision=bf16", "parallel=tp2", "schedule.train_iters=3"])
+    for a, b in zip([r["loss"] for r in bf16], [r["loss"] for r in reference[:3]]):
         assert abs(a - b) < 0.02 * b        # stated tolerance: 2% relative (bf16 keeps ~3 significant digits)
     assert all(math.isfinite(r["grad_norm"]) for r in bf16)
 

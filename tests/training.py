@@ -59,3 +59,42 @@ def train_many(root, jobs: dict, nproc=2, recipe="gpt-tiny", timeout=900) -> dic
                          text=True, env=dict(training_env(), PYTHONPATH=str(REPO)), timeout=timeout)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     return {name: records(root / name) for name in jobs}
+
+
+# ---- the DeepSpeed engine's runs (tests/test_deepspeed.py, tests/test_export.py) -------------
+DS_N = 8
+DS_SHORT = [f"schedule.train_iters={DS_N}", f"schedule.lr_decay={STEPS}"]     # the 20-step runs' first 8 steps
+DS_K = 4                 # checkpoint step of the runs that save
+DROPOUT = ["model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
+
+
+def ds_ckpt(run_dir, step=DS_K):
+    return run_dir / "checkpoints" / f"step_{step:08d}"
+
+
+def ds_runs(root) -> dict:
+    """Every DeepSpeed configuration for DS_N steps in one 2-process launch; root/<name> each."""
+    save = [f"checkpoint.save_interval={DS_K}"]
+    ramp = ["batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24", "batch.micro_batch_size=2"]
+    template = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
+    template["gradient_clipping"] = 1.0                     # spelled out, equal to the recipe's: accepted
+    template["zero_optimization"].update(reduce_bucket_size=200_000, allgather_bucket_size=200_000,
+                                         overlap_comm=False)   # many small buckets
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "mine.json").write_text(json.dumps(template))
+    jobs = {
+        "zero0": ["parallel=ds-zero0"],
+        "zero1": ["parallel=ds-zero1", "profile.flops_profile_step=2", "logging.tensorboard=true"],
+        "zero2": ["parallel=ds-zero2", f"parallel.ds_config_template={root / 'mine.json'}"] + save,
+        "zero3": ["parallel=ds-zero3", "parallel.recompute_granularity=full", "parallel.recompute_num_layers=2"],
+        "tp2-zero1": ["parallel=ds-zero1", "parallel.tensor_model_parallel_size=2"] + save,
+        "zero2-offload": ["parallel=ds-zero2-offload"],
+        "zero3-offload-param": ["parallel=ds-zero3-offload-param"] + save,
+        "dropout": ["parallel=ds-zero1"] + DROPOUT + save,
+        "ramp": ["parallel=ds-zero2"] + ramp,
+        "ramp-megatron": ramp,
+        "bf16": ["parallel=ds-zero1", "precision=bf16", "schedule.train_iters=3"],   # emulated bf16 is slow here
+    }
+    runs = train_many(root, {name: DS_SHORT + overrides for name, overrides in jobs.items()})
+    runs["root"] = root
+    return runs

@@ -186,6 +186,7 @@ class StabilityConfig:
 class FaultConfig:
     hang_at_step: int = doc(-1, "Fire drill / tests: rank fault.rank stops before this step (1-based); -1 never.")
     nan_at_step: int = doc(-1, "Rank fault.rank's loss mask is NaN at this step (a non-finite loss and gradients); -1 never.")
+    preempt_at_step: int = doc(-1, "Rank fault.rank sends itself SIGUSR1 during this step (a SLURM time-limit warning); -1 never.")
     poison_at_step: int = doc(-1, "Every rank's labels at this step are random tokens (a loss spike); -1 never.")
     rank: int = doc(0, "Global rank the injected fault hits.")
 

@@ -1,0 +1,1 @@
+"""Hugging Face transformers export and import (mapping.py: the tensors; convert.py: the files)."""

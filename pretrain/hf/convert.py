@@ -1,0 +1,196 @@
+"""Checkpoints of either engine <-> Hugging Face directories.
+
+    make export RUN=<run_dir> OUTPUT=<dir> [STEP=N]      # or CKPT=<checkpoint root | step dir>
+    make import-hf INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<checkpoint dir>
+
+Export reads the checkpoint into one TP=1 fp32 model in this process, whatever layout wrote
+it: megatron-core checkpoints through dist_checkpointing's resharding load (weights only; a
+bf16/fp16 run's fp32 masters are taken, not the rounded copies), DeepSpeed ones through
+zero_to_fp32 / the universal merge (pretrain/engines/deepspeed/consolidate.py). The whole
+model is held in host memory once (plus the megatron engine's optimizer wrappers). The
+tokenizer the run trained with is saved beside the weights; export.json says where they
+came from. Recipe features the target architecture cannot express are refused by name.
+
+Import writes a megatron-engine checkpoint (step 0) from an HF GPT-2/Llama directory; start
+a run from it at any layout with `checkpoint.load=<dir> checkpoint.load_weights_only=true`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ..checkpoint import Checkpoint, CheckpointStore, resolve
+from ..config import finalize
+from ..config.schema import JobConfig
+from .mapping import State, from_hf, hf_config, to_hf, unsupported
+
+
+def config_of(ck: Checkpoint) -> JobConfig:
+    return finalize(OmegaConf.merge(OmegaConf.structured(JobConfig), OmegaConf.create(ck.meta["config"])))
+
+
+def single_process(cfg: JobConfig) -> JobConfig:
+    """`cfg` on one process: TP=PP=CP=1, fp32, plain optimizer; the vocab padded as the run padded it."""
+    d = OmegaConf.structured(cfg)
+    tp = cfg.parallel.tensor_model_parallel_size
+    d.model.make_vocab_size_divisible_by = cfg.model.make_vocab_size_divisible_by * tp
+    d.parallel = OmegaConf.structured(type(cfg.parallel)())
+    d.precision = OmegaConf.structured(type(cfg.precision)())
+    d.cluster.nodes, d.cluster.devices_per_node, d.cluster.launcher = 1, 1, "local"
+    d.batch.global_batch_size, d.batch.ramp_start = d.batch.micro_batch_size, None
+    d.stability.watchdog_minutes = 0
+    d.derived = OmegaConf.structured(type(cfg.derived)())
+    return finalize(d)
+
+
+def single_rank() -> None:
+    """A 1-process gloo group and TP=PP=1 parallel state in this process (export/import are not launched)."""
+    import socket
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        dist.init_process_group("gloo")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+
+
+def megatron_engine(cfg: JobConfig):
+    from ..engines.megatron.engine import MegatronEngine
+    single_rank()
+    return MegatronEngine(single_process(cfg))
+
+
+def model_state(ck: Checkpoint, cfg: JobConfig) -> State:
+    """Whole fp32 tensors under GPTModel keys from a checkpoint of either engine and any layout."""
+    if ck.meta["engine_state"]["engine"] == "deepspeed":
+        from ..engines.deepspeed.consolidate import consolidated_state_dict
+        return consolidated_state_dict(ck.path)
+    from ..engines.megatron.checkpointing import unwrap
+    engine = megatron_engine(cfg)
+    engine.load_checkpoint(ck.engine_dir, ck.meta, weights_only=True)
+    return {k: v for k, v in unwrap(engine.model[0]).state_dict().items() if not k.endswith("_extra_state")}
+
+
+def tokenizer_of(cfg: JobConfig):
+    from preprocessing.tokenizer_io import load_tokenizer
+    t = cfg.data.tokenizer
+    if not t.path:
+        raise ValueError("data.tokenizer.path is null in the checkpoint's config: an export needs the tokenizer the "
+                         "run trained with. Fix: set data.tokenizer.path (TOKENIZER=...) when exporting.")
+    return load_tokenizer(t.type, t.path)
+
+
+def hf_model_class(cfg: JobConfig):
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+    return GPT2LMHeadModel if cfg.model.arch == "gpt" else LlamaForCausalLM
+
+
+def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = None) -> Path:
+    ck = resolve(ckpt)
+    cfg = config_of(ck)
+    if tokenizer_path:
+        cfg.data.tokenizer.path = tokenizer_path
+    problems = unsupported(cfg)
+    if problems:
+        raise ValueError(f"{ck.path}: cannot export to the {'GPT-2' if cfg.model.arch == 'gpt' else 'Llama'} "
+                         "architecture: " + "; ".join(problems))
+    tok = tokenizer_of(cfg)
+    state = to_hf(model_state(ck, cfg), cfg, tok.vocab_size)
+    model = hf_model_class(cfg)(hf_config(cfg, tok.vocab_size, bos=tok.eod, eos=tok.eod))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight" or cfg.model.untie_embeddings_and_output_weights]
+    if missing or unexpected:
+        raise RuntimeError(f"export mapping incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    output = Path(output)
+    tmp = output.with_name(output.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp))
+    tok.save(tmp)
+    (tmp / "export.json").write_text(json.dumps({
+        "checkpoint": str(ck.path), "step": ck.meta["step"], "recipe": ck.meta["recipe"],
+        "engine": ck.meta["engine_state"]["engine"], "layout": ck.meta["engine_state"]["layout"],
+        "vocab_size": tok.vocab_size, "versions": ck.meta.get("versions", {})}, indent=1))
+    if output.exists():
+        shutil.rmtree(output)
+    tmp.rename(output)
+    return output
+
+
+def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
+    """An HF GPT-2/Llama directory -> a megatron-engine checkpoint (step 0) of recipe `cfg`."""
+    from dataclasses import asdict
+
+    from transformers import AutoModelForCausalLM
+
+    from ..config import to_yaml
+    from ..engines.megatron.checkpointing import unwrap
+    from ..loop import LoopState
+    from ..provenance import versions
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype="float32")
+    engine = megatron_engine(cfg)
+    model = unwrap(engine.model[0])
+    ours = from_hf(hf.state_dict(), engine.cfg)
+    expected = {k for k in model.state_dict() if not k.endswith("_extra_state")}
+    if set(ours) != expected:
+        raise ValueError(f"{hf_dir} does not fit recipe {cfg.name}: keys differ "
+                         f"(missing {sorted(expected - set(ours))[:4]}, extra {sorted(set(ours) - expected)[:4]})")
+    for key, value in ours.items():
+        target = model.state_dict()[key]
+        if target.shape != value.shape:
+            raise ValueError(f"{hf_dir}: {key} has shape {tuple(value.shape)}, recipe {cfg.name} needs "
+                             f"{tuple(target.shape)}. Fix: a recipe with the checkpoint's sizes.")
+    model.load_state_dict(ours, strict=False)
+    engine.optimizer.reload_model_params()
+    store = CheckpointStore(output, keep_last=0)
+    directory = store.begin(0)
+    engine.save_checkpoint(directory)
+    meta = {"loop": asdict(LoopState()), "consumed_tokens": 0, "engine_state": engine.checkpoint_meta(),
+            "recipe": cfg.name, "config": to_yaml(engine.cfg), "versions": versions(), "imported_from": str(hf_dir)}
+    return store.commit(0, meta)
+
+
+def main() -> int:
+    action = sys.argv[1] if len(sys.argv) > 1 else ""
+    env = os.environ
+    try:
+        if action == "export":
+            source = env.get("CKPT") or (str(Path(env["RUN"]) / "checkpoints") if env.get("RUN") else "")
+            if env.get("STEP"):
+                source = str(Path(source) / f"step_{int(env['STEP']):08d}")
+            if not source or not env.get("OUTPUT"):
+                print("usage: make export RUN=<run_dir> | CKPT=<checkpoint> OUTPUT=<dir> [STEP=N] [TOKENIZER=...]",
+                      file=sys.stderr)
+                return 2
+            out = export(source, env["OUTPUT"], env.get("TOKENIZER") or None)
+            print(f">> exported {source} -> {out} (AutoModelForCausalLM.from_pretrained('{out}'))")
+            return 0
+        if action == "import":
+            from ..cli_args import split_overrides
+            from ..config import load_recipe
+            if not env.get("INPUT") or not env.get("OUTPUT"):
+                print("usage: make import-hf INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<checkpoint dir>", file=sys.stderr)
+                return 2
+            cfg = load_recipe(env.get("RECIPE", "gpt-tiny"), split_overrides(env.get("OVERRIDES", "")))
+            out = import_hf(env["INPUT"], cfg, env["OUTPUT"])
+            print(f">> imported {env['INPUT']} -> {out}; start from it with checkpoint.load={env['OUTPUT']} "
+                  "checkpoint.load_weights_only=true")
+            return 0
+    except (FileNotFoundError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    print("usage: python -m pretrain.hf.convert export|import", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

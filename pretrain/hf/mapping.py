@@ -1,0 +1,190 @@
+"""megatron-core GPTModel state dict (one TP=1 model, whole tensors) <-> Hugging Face transformers.
+
+GPT recipes map to GPT-2 (`GPT2LMHeadModel`: learned positions, LayerNorm, exact GELU), Llama
+recipes to Llama (`LlamaForCausalLM`: RoPE, RMSNorm, SwiGLU, GQA). The layouts that differ:
+* megatron-core's fused QKV holds, per query group, [the group's query heads; its key; its value]
+  (rows of head_dim each); HF holds q, k, v separately (GPT-2: one Conv1D [h, 3h] whose columns
+  are all q, then all k, then all v).
+* GPT-2's Conv1D stores weights transposed (in x out).
+* SwiGLU's fc1 is [gate; up] -> gate_proj, up_proj.
+* The vocabulary is padded (make_vocab_size_divisible_by x TP); HF gets the tokenizer's size.
+Transformer Engine layer specs name fused norms `linear_qkv.layer_norm_*` / `linear_fc1.layer_norm_*`;
+`canonical()` renames them, so checkpoints of either spec export alike.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import torch
+
+from ..config.schema import JobConfig
+
+State = Dict[str, torch.Tensor]
+TE_NAMES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+            "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+            "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+            "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
+
+
+def unsupported(cfg: JobConfig) -> List[str]:
+    """Recipe features the target HF architecture cannot express (export refuses them)."""
+    m, problems = cfg.model, []
+    if m.qk_layernorm:
+        problems.append("model.qk_layernorm=true (neither GPT-2 nor Llama normalises queries/keys)")
+    if m.embedding_layernorm:
+        problems.append("model.embedding_layernorm=true (no embedding norm in GPT-2 or Llama)")
+    if m.arch == "gpt":
+        if m.position_embedding_type != "learned_absolute":
+            problems.append(f"model.position_embedding_type={m.position_embedding_type} (GPT-2 has learned positions)")
+        if m.normalization != "LayerNorm" or m.activation != "gelu" or not m.add_bias_linear:
+            problems.append("GPT-2 needs LayerNorm, GELU and biases (model.normalization/activation/add_bias_linear)")
+        if cfg.derived.num_query_groups != m.num_attention_heads:
+            problems.append("GQA (model.num_query_groups) on the GPT-2 architecture")
+    else:
+        if m.position_embedding_type != "rope" or m.rotary_percent != 1.0:
+            problems.append("Llama needs RoPE on the whole head (model.position_embedding_type=rope, rotary_percent=1)")
+        if m.normalization != "RMSNorm" or m.activation != "swiglu" or m.add_bias_linear:
+            problems.append("Llama needs RMSNorm, SwiGLU and no biases (model.normalization/activation/add_bias_linear)")
+    return problems
+
+
+def canonical(state: State) -> State:
+    out = {}
+    for key, value in state.items():
+        if key.endswith("_extra_state") or value is None:
+            continue
+        for te, local in TE_NAMES.items():
+            if key.endswith(te):
+                key = key[: -len(te)] + local
+        out[key] = value.detach().float().cpu()
+    return out
+
+
+def _split_qkv(w: torch.Tensor, cfg: JobConfig) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    d = cfg.derived
+    groups, hd = d.num_query_groups, d.kv_channels
+    per_group = cfg.model.num_attention_heads // groups
+    w = w.reshape(groups, (per_group + 2) * hd, *w.shape[1:])
+    q, k, v = torch.split(w, [per_group * hd, hd, hd], dim=1)
+    return (q.reshape(groups * per_group * hd, *w.shape[2:]), k.reshape(groups * hd, *w.shape[2:]),
+            v.reshape(groups * hd, *w.shape[2:]))
+
+
+def _join_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: JobConfig) -> torch.Tensor:
+    d = cfg.derived
+    groups, hd = d.num_query_groups, d.kv_channels
+    rest = q.shape[1:]
+    q = q.reshape(groups, -1, *rest)
+    k, v = k.reshape(groups, hd, *rest), v.reshape(groups, hd, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
+
+
+def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
+    """Our (canonical) state dict -> the HF model's state dict."""
+    s, m = canonical(state), cfg.model
+    tied = not m.untie_embeddings_and_output_weights
+    out: State = {}
+    if m.arch == "gpt":
+        out["transformer.wte.weight"] = s["embedding.word_embeddings.weight"][:vocab_size]
+        out["transformer.wpe.weight"] = s["embedding.position_embeddings.weight"]
+        for i in range(m.num_layers):
+            ours, hf = f"decoder.layers.{i}.", f"transformer.h.{i}."
+            for a, b in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
+                out[f"{hf}{b}.weight"], out[f"{hf}{b}.bias"] = s[f"{ours}{a}.weight"], s[f"{ours}{a}.bias"]
+            q, k, v = _split_qkv(s[f"{ours}self_attention.linear_qkv.weight"], cfg)
+            out[f"{hf}attn.c_attn.weight"] = torch.cat([q, k, v]).t().contiguous()
+            out[f"{hf}attn.c_attn.bias"] = torch.cat(_split_qkv(s[f"{ours}self_attention.linear_qkv.bias"], cfg))
+            for a, b in (("self_attention.linear_proj", "attn.c_proj"), ("mlp.linear_fc1", "mlp.c_fc"),
+                         ("mlp.linear_fc2", "mlp.c_proj")):
+                out[f"{hf}{b}.weight"] = s[f"{ours}{a}.weight"].t().contiguous()
+                out[f"{hf}{b}.bias"] = s[f"{ours}{a}.bias"]
+        out["transformer.ln_f.weight"] = s["decoder.final_layernorm.weight"]
+        out["transformer.ln_f.bias"] = s["decoder.final_layernorm.bias"]
+        head = "lm_head.weight"
+    else:
+        out["model.embed_tokens.weight"] = s["embedding.word_embeddings.weight"][:vocab_size]
+        for i in range(m.num_layers):
+            ours, hf = f"decoder.layers.{i}.", f"model.layers.{i}."
+            out[f"{hf}input_layernorm.weight"] = s[f"{ours}input_layernorm.weight"]
+            out[f"{hf}post_attention_layernorm.weight"] = s[f"{ours}pre_mlp_layernorm.weight"]
+            q, k, v = _split_qkv(s[f"{ours}self_attention.linear_qkv.weight"], cfg)
+            out[f"{hf}self_attn.q_proj.weight"], out[f"{hf}self_attn.k_proj.weight"] = q, k
+            out[f"{hf}self_attn.v_proj.weight"] = v
+            out[f"{hf}self_attn.o_proj.weight"] = s[f"{ours}self_attention.linear_proj.weight"]
+            gate, up = s[f"{ours}mlp.linear_fc1.weight"].chunk(2, dim=0)
+            out[f"{hf}mlp.gate_proj.weight"], out[f"{hf}mlp.up_proj.weight"] = gate, up
+            out[f"{hf}mlp.down_proj.weight"] = s[f"{ours}mlp.linear_fc2.weight"]
+        out["model.norm.weight"] = s["decoder.final_layernorm.weight"]
+        head = "lm_head.weight"
+    if not tied:
+        out[head] = s["output_layer.weight"][:vocab_size]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def from_hf(hf: State, cfg: JobConfig) -> State:
+    """The HF model's state dict -> ours (vocab rows padded with zeros to the padded size)."""
+    m, padded = cfg.model, cfg.derived.padded_vocab_size
+    tied = not m.untie_embeddings_and_output_weights
+    hf = {k: v.detach().float().cpu() for k, v in hf.items()}
+
+    def pad(w: torch.Tensor) -> torch.Tensor:
+        return torch.cat([w, w.new_zeros(padded - w.shape[0], *w.shape[1:])]) if w.shape[0] < padded else w
+
+    s: State = {}
+    if m.arch == "gpt":
+        s["embedding.word_embeddings.weight"] = pad(hf["transformer.wte.weight"])
+        s["embedding.position_embeddings.weight"] = hf["transformer.wpe.weight"]
+        h = m.hidden_size
+        for i in range(m.num_layers):
+            ours, x = f"decoder.layers.{i}.", f"transformer.h.{i}."
+            for a, b in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
+                s[f"{ours}{a}.weight"], s[f"{ours}{a}.bias"] = hf[f"{x}{b}.weight"], hf[f"{x}{b}.bias"]
+            w = hf[f"{x}attn.c_attn.weight"].t()
+            s[f"{ours}self_attention.linear_qkv.weight"] = _join_qkv(w[:h], w[h:2 * h], w[2 * h:], cfg)
+            b = hf[f"{x}attn.c_attn.bias"]
+            s[f"{ours}self_attention.linear_qkv.bias"] = _join_qkv(b[:h], b[h:2 * h], b[2 * h:], cfg)
+            for a, c in (("self_attention.linear_proj", "attn.c_proj"), ("mlp.linear_fc1", "mlp.c_fc"),
+                         ("mlp.linear_fc2", "mlp.c_proj")):
+                s[f"{ours}{a}.weight"] = hf[f"{x}{c}.weight"].t().contiguous()
+                s[f"{ours}{a}.bias"] = hf[f"{x}{c}.bias"]
+        s["decoder.final_layernorm.weight"] = hf["transformer.ln_f.weight"]
+        s["decoder.final_layernorm.bias"] = hf["transformer.ln_f.bias"]
+    else:
+        s["embedding.word_embeddings.weight"] = pad(hf["model.embed_tokens.weight"])
+        for i in range(m.num_layers):
+            ours, x = f"decoder.layers.{i}.", f"model.layers.{i}."
+            s[f"{ours}input_layernorm.weight"] = hf[f"{x}input_layernorm.weight"]
+            s[f"{ours}pre_mlp_layernorm.weight"] = hf[f"{x}post_attention_layernorm.weight"]
+            s[f"{ours}self_attention.linear_qkv.weight"] = _join_qkv(
+                hf[f"{x}self_attn.q_proj.weight"], hf[f"{x}self_attn.k_proj.weight"], hf[f"{x}self_attn.v_proj.weight"], cfg)
+            s[f"{ours}self_attention.linear_proj.weight"] = hf[f"{x}self_attn.o_proj.weight"]
+            s[f"{ours}mlp.linear_fc1.weight"] = torch.cat([hf[f"{x}mlp.gate_proj.weight"], hf[f"{x}mlp.up_proj.weight"]])
+            s[f"{ours}mlp.linear_fc2.weight"] = hf[f"{x}mlp.down_proj.weight"]
+        s["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    if not tied:
+        s["output_layer.weight"] = pad(hf["lm_head.weight"])
+    return {k: v.contiguous() for k, v in s.items()}
+
+
+def hf_config(cfg: JobConfig, vocab_size: int, bos: int, eos: int):
+    """The transformers config of the exported model."""
+    m, d = cfg.model, cfg.derived
+    tied = not m.untie_embeddings_and_output_weights
+    if m.arch == "gpt":
+        from transformers import GPT2Config
+        return GPT2Config(vocab_size=vocab_size, n_positions=d.max_position_embeddings, n_embd=m.hidden_size,
+                          n_layer=m.num_layers, n_head=m.num_attention_heads, n_inner=d.ffn_hidden_size,
+                          activation_function="gelu",        # megatron-core's exact (erf) GELU, not gelu_new
+                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=m.layernorm_epsilon,
+                          initializer_range=m.init_method_std, scale_attn_weights=True,
+                          tie_word_embeddings=tied, bos_token_id=bos, eos_token_id=eos,
+                          architectures=["GPT2LMHeadModel"])
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=m.hidden_size, intermediate_size=d.ffn_hidden_size,
+                       num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
+                       num_key_value_heads=d.num_query_groups, head_dim=d.kv_channels,
+                       max_position_embeddings=d.max_position_embeddings, rms_norm_eps=m.layernorm_epsilon,
+                       rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)},
+                       attention_bias=False, mlp_bias=False, hidden_act="silu",
+                       initializer_range=m.init_method_std, tie_word_embeddings=tied, bos_token_id=bos,
+                       eos_token_id=eos, architectures=["LlamaForCausalLM"])
