@@ -16,7 +16,12 @@ TOKENS = 24
 
 def ours(state, cfg):
     """Our GPTModel (TP=1, fp32) holding `state`."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from pretrain.engines.megatron import cpu_compat
     from pretrain.engines.megatron.model import build_gpt_model, transformer_config
+    cpu_compat.apply()                       # megatron-core's CPU adaptations (no-op with CUDA)
+    model_parallel_cuda_manual_seed(cfg.seed)     # the RNG tracker megatron-core's layers need at build
     single = single_process(cfg)
     model = build_gpt_model(single, transformer_config(single, on_gpu=False)).eval()
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -13,7 +13,7 @@ Transformer Engine layer specs name fused norms `linear_qkv.layer_norm_*` / `lin
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 
@@ -79,90 +79,88 @@ def _join_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: JobConfig)
     return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
 
 
-def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
-    """Our (canonical) state dict -> the HF model's state dict."""
-    s, m = canonical(state), cfg.model
+Rule = Tuple[Tuple[str, ...], Tuple[str, ...], Callable, Callable]   # ours, theirs, to HF, from HF
+
+
+def _same(*t):
+    return t
+
+
+def _transposed(*t):                      # GPT-2's Conv1D stores (in, out)
+    return tuple(x.t().contiguous() for x in t)
+
+
+def rules(cfg: JobConfig, vocab_size: int) -> List[Rule]:
+    """Every tensor of the model: our keys, HF keys, and the conversion each way (one table serves
+    export and import, so the two cannot drift apart)."""
+    m, padded = cfg.model, cfg.derived.padded_vocab_size
+    h = m.hidden_size
+
+    def unpad(w):
+        return (w[:vocab_size],)
+
+    def pad(w):
+        return (torch.cat([w, w.new_zeros(padded - w.shape[0], *w.shape[1:])]) if w.shape[0] < padded else w,)
+
+    def qkv_split(w):
+        return _split_qkv(w, cfg)
+
+    def qkv_join(q, k, v):
+        return (_join_qkv(q, k, v, cfg),)
+
+    table: List[Rule] = []
     tied = not m.untie_embeddings_and_output_weights
-    out: State = {}
     if m.arch == "gpt":
-        out["transformer.wte.weight"] = s["embedding.word_embeddings.weight"][:vocab_size]
-        out["transformer.wpe.weight"] = s["embedding.position_embeddings.weight"]
+        table.append((("embedding.word_embeddings.weight",), ("transformer.wte.weight",), unpad, pad))
+        table.append((("embedding.position_embeddings.weight",), ("transformer.wpe.weight",), _same, _same))
         for i in range(m.num_layers):
             ours, hf = f"decoder.layers.{i}.", f"transformer.h.{i}."
             for a, b in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
-                out[f"{hf}{b}.weight"], out[f"{hf}{b}.bias"] = s[f"{ours}{a}.weight"], s[f"{ours}{a}.bias"]
-            q, k, v = _split_qkv(s[f"{ours}self_attention.linear_qkv.weight"], cfg)
-            out[f"{hf}attn.c_attn.weight"] = torch.cat([q, k, v]).t().contiguous()
-            out[f"{hf}attn.c_attn.bias"] = torch.cat(_split_qkv(s[f"{ours}self_attention.linear_qkv.bias"], cfg))
+                for p in ("weight", "bias"):
+                    table.append(((f"{ours}{a}.{p}",), (f"{hf}{b}.{p}",), _same, _same))
+            table.append(((f"{ours}self_attention.linear_qkv.weight",), (f"{hf}attn.c_attn.weight",),
+                          lambda w: (torch.cat(_split_qkv(w, cfg)).t().contiguous(),),
+                          lambda w: (_join_qkv(*w.t().split(h), cfg),)))
+            table.append(((f"{ours}self_attention.linear_qkv.bias",), (f"{hf}attn.c_attn.bias",),
+                          lambda b: (torch.cat(_split_qkv(b, cfg)),), lambda b: (_join_qkv(*b.split(h), cfg),)))
             for a, b in (("self_attention.linear_proj", "attn.c_proj"), ("mlp.linear_fc1", "mlp.c_fc"),
                          ("mlp.linear_fc2", "mlp.c_proj")):
-                out[f"{hf}{b}.weight"] = s[f"{ours}{a}.weight"].t().contiguous()
-                out[f"{hf}{b}.bias"] = s[f"{ours}{a}.bias"]
-        out["transformer.ln_f.weight"] = s["decoder.final_layernorm.weight"]
-        out["transformer.ln_f.bias"] = s["decoder.final_layernorm.bias"]
-        head = "lm_head.weight"
+                table.append(((f"{ours}{a}.weight",), (f"{hf}{b}.weight",), _transposed, _transposed))
+                table.append(((f"{ours}{a}.bias",), (f"{hf}{b}.bias",), _same, _same))
+        for p in ("weight", "bias"):
+            table.append(((f"decoder.final_layernorm.{p}",), (f"transformer.ln_f.{p}",), _same, _same))
     else:
-        out["model.embed_tokens.weight"] = s["embedding.word_embeddings.weight"][:vocab_size]
+        table.append((("embedding.word_embeddings.weight",), ("model.embed_tokens.weight",), unpad, pad))
         for i in range(m.num_layers):
             ours, hf = f"decoder.layers.{i}.", f"model.layers.{i}."
-            out[f"{hf}input_layernorm.weight"] = s[f"{ours}input_layernorm.weight"]
-            out[f"{hf}post_attention_layernorm.weight"] = s[f"{ours}pre_mlp_layernorm.weight"]
-            q, k, v = _split_qkv(s[f"{ours}self_attention.linear_qkv.weight"], cfg)
-            out[f"{hf}self_attn.q_proj.weight"], out[f"{hf}self_attn.k_proj.weight"] = q, k
-            out[f"{hf}self_attn.v_proj.weight"] = v
-            out[f"{hf}self_attn.o_proj.weight"] = s[f"{ours}self_attention.linear_proj.weight"]
-            gate, up = s[f"{ours}mlp.linear_fc1.weight"].chunk(2, dim=0)
-            out[f"{hf}mlp.gate_proj.weight"], out[f"{hf}mlp.up_proj.weight"] = gate, up
-            out[f"{hf}mlp.down_proj.weight"] = s[f"{ours}mlp.linear_fc2.weight"]
-        out["model.norm.weight"] = s["decoder.final_layernorm.weight"]
-        head = "lm_head.weight"
+            for a, b in (("input_layernorm", "input_layernorm"), ("pre_mlp_layernorm", "post_attention_layernorm"),
+                         ("self_attention.linear_proj", "self_attn.o_proj"), ("mlp.linear_fc2", "mlp.down_proj")):
+                table.append(((f"{ours}{a}.weight",), (f"{hf}{b}.weight",), _same, _same))
+            table.append(((f"{ours}self_attention.linear_qkv.weight",),
+                          tuple(f"{hf}self_attn.{x}_proj.weight" for x in "qkv"), qkv_split, qkv_join))
+            table.append(((f"{ours}mlp.linear_fc1.weight",), (f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight"),
+                          lambda w: tuple(w.chunk(2, dim=0)), lambda gate, up: (torch.cat([gate, up]),)))
+        table.append((("decoder.final_layernorm.weight",), ("model.norm.weight",), _same, _same))
     if not tied:
-        out[head] = s["output_layer.weight"][:vocab_size]
+        table.append((("output_layer.weight",), ("lm_head.weight",), unpad, pad))
+    return table
+
+
+def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
+    """Our (canonical) state dict -> the HF model's state dict (vocab cut to `vocab_size`)."""
+    s, out = canonical(state), {}
+    for ours, theirs, forward, _ in rules(cfg, vocab_size):
+        out.update(zip(theirs, forward(*(s[k] for k in ours))))
     return {k: v.contiguous() for k, v in out.items()}
 
 
 def from_hf(hf: State, cfg: JobConfig) -> State:
     """The HF model's state dict -> ours (vocab rows padded with zeros to the padded size)."""
-    m, padded = cfg.model, cfg.derived.padded_vocab_size
-    tied = not m.untie_embeddings_and_output_weights
     hf = {k: v.detach().float().cpu() for k, v in hf.items()}
-
-    def pad(w: torch.Tensor) -> torch.Tensor:
-        return torch.cat([w, w.new_zeros(padded - w.shape[0], *w.shape[1:])]) if w.shape[0] < padded else w
-
+    vocab = hf["transformer.wte.weight" if cfg.model.arch == "gpt" else "model.embed_tokens.weight"].shape[0]
     s: State = {}
-    if m.arch == "gpt":
-        s["embedding.word_embeddings.weight"] = pad(hf["transformer.wte.weight"])
-        s["embedding.position_embeddings.weight"] = hf["transformer.wpe.weight"]
-        h = m.hidden_size
-        for i in range(m.num_layers):
-            ours, x = f"decoder.layers.{i}.", f"transformer.h.{i}."
-            for a, b in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
-                s[f"{ours}{a}.weight"], s[f"{ours}{a}.bias"] = hf[f"{x}{b}.weight"], hf[f"{x}{b}.bias"]
-            w = hf[f"{x}attn.c_attn.weight"].t()
-            s[f"{ours}self_attention.linear_qkv.weight"] = _join_qkv(w[:h], w[h:2 * h], w[2 * h:], cfg)
-            b = hf[f"{x}attn.c_attn.bias"]
-            s[f"{ours}self_attention.linear_qkv.bias"] = _join_qkv(b[:h], b[h:2 * h], b[2 * h:], cfg)
-            for a, c in (("self_attention.linear_proj", "attn.c_proj"), ("mlp.linear_fc1", "mlp.c_fc"),
-                         ("mlp.linear_fc2", "mlp.c_proj")):
-                s[f"{ours}{a}.weight"] = hf[f"{x}{c}.weight"].t().contiguous()
-                s[f"{ours}{a}.bias"] = hf[f"{x}{c}.bias"]
-        s["decoder.final_layernorm.weight"] = hf["transformer.ln_f.weight"]
-        s["decoder.final_layernorm.bias"] = hf["transformer.ln_f.bias"]
-    else:
-        s["embedding.word_embeddings.weight"] = pad(hf["model.embed_tokens.weight"])
-        for i in range(m.num_layers):
-            ours, x = f"decoder.layers.{i}.", f"model.layers.{i}."
-            s[f"{ours}input_layernorm.weight"] = hf[f"{x}input_layernorm.weight"]
-            s[f"{ours}pre_mlp_layernorm.weight"] = hf[f"{x}post_attention_layernorm.weight"]
-            s[f"{ours}self_attention.linear_qkv.weight"] = _join_qkv(
-                hf[f"{x}self_attn.q_proj.weight"], hf[f"{x}self_attn.k_proj.weight"], hf[f"{x}self_attn.v_proj.weight"], cfg)
-            s[f"{ours}self_attention.linear_proj.weight"] = hf[f"{x}self_attn.o_proj.weight"]
-            s[f"{ours}mlp.linear_fc1.weight"] = torch.cat([hf[f"{x}mlp.gate_proj.weight"], hf[f"{x}mlp.up_proj.weight"]])
-            s[f"{ours}mlp.linear_fc2.weight"] = hf[f"{x}mlp.down_proj.weight"]
-        s["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
-    if not tied:
-        s["output_layer.weight"] = pad(hf["lm_head.weight"])
+    for ours, theirs, _, backward in rules(cfg, vocab):
+        s.update(zip(ours, backward(*(hf[k] for k in theirs))))
     return {k: v.contiguous() for k, v in s.items()}
 
 
