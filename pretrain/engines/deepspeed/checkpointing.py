@@ -51,6 +51,8 @@ def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> 
             universal.convert(directory, target)
         dist.barrier()
         load_dir, tag = target.parent, target.name
+    # DeepSpeed reads `checkpoint.load_universal` from its config when loading; set per load (not in
+    # ds_config.json) so one engine can resume its own checkpoints and convert foreign ones.
     engine.ds._config.load_universal_checkpoint = use_universal
     try:
         path, _ = engine.ds.load_checkpoint(str(load_dir), tag=tag, load_module_only=weights_only,
