@@ -16,6 +16,8 @@ CKPT   ?=
 RUN    ?=
 STEP   ?=
 RUNS   ?=
+TASKS  ?=
+LIMIT  ?=
 # $(value ...) keeps make from expanding $(...) inside user text; exported verbatim.
 override RECIPE    := $(value RECIPE)
 override OVERRIDES := $(value OVERRIDES)
@@ -25,7 +27,8 @@ override TOKENIZER := $(value TOKENIZER)
 override CKPT      := $(value CKPT)
 override RUN       := $(value RUN)
 override RUNS      := $(value RUNS)
-export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS
+override TASKS     := $(value TASKS)
+export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS TASKS LIMIT
 
 STAMP := $(VENV)/.installed
 
@@ -88,6 +91,12 @@ export: $(STAMP)  ## RUN=<run_dir> | CKPT=<ckpt> OUTPUT=<dir> [STEP=N]: a checkp
 import-hf: $(STAMP)  ## INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<ckpt dir>: HF GPT-2/Llama -> our checkpoint (step 0)
 	$(PY) -m pretrain.hf.convert import
 
+eval-data: $(STAMP)  ## [TASKS=hyperbaton,winowhy,...] [RECIPE=...]: BIG-bench MC tasks + held-out perplexity -> data/evals/tasks
+	$(PY) -m evals.tasks
+
+eval: $(STAMP)  ## RUN=<run_dir> [STEP=N] [TASKS=a,b] [LIMIT=N]: lm-eval-harness offline on the run's HF export
+	$(PY) -m evals.harness
+
 compare: $(STAMP)  ## RUNS="runs/a runs/b" [OUTPUT=compare.png]: loss / val-ppl curves and a final-metrics table
 	$(PY) -m evals.compare
 
@@ -100,4 +109,5 @@ report: $(STAMP)  ## RUN=<run_dir>: steps, tokens, restarts, spikes, rollbacks, 
 clean:  ## remove runs/ and outputs (keeps data/ and .venv)
 	rm -rf runs outputs multirun
 
-.PHONY: help setup test lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench pretrain clean
+.PHONY: help setup test lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench pretrain \
+	export import-hf eval-data eval compare ckpt-info report clean

@@ -1,0 +1,129 @@
+"""`make eval RUN=<run_dir> [STEP=N] [TASKS=a,b] [LIMIT=N]`: lm-evaluation-harness, offline.
+
+The run's checkpoint (newest, or STEP) is exported to `<run_dir>/hf/step_<N>` (reused when
+already there) and evaluated with lm-eval's `hf` model on the local task YAMLs of
+`make eval-data` (data/evals/tasks/; the run's own held-out perplexity task and the default
+BIG-bench tasks are written first when missing). Nothing is fetched: the Hugging Face hub
+and datasets are switched to offline mode before lm-eval is imported.
+
+Results: `<run_dir>/evals/step_<N>.json` (per-task metrics, sample counts, limit, versions)
+and TensorBoard scalars `lm_eval/<task>/<metric>` at step N in `<run_dir>/tensorboard`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .tasks import DEFAULT_BIGBENCH, TASKS_DIR, heldout_task_name, write_bigbench, write_heldout
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def exported(run_dir: Path, ck) -> Path:
+    """The HF directory of checkpoint `ck` under <run_dir>/hf/, exported unless already there."""
+    from pretrain.hf.convert import export
+    out = run_dir / "hf" / f"step_{ck.meta['step']:08d}"
+    info = out / "export.json"
+    if not (info.exists() and json.loads(info.read_text()).get("checkpoint") == str(ck.path)):
+        export(ck.path, out)
+    return out
+
+
+def ensure_tasks(names: List[str], cfg, tasks_dir: Path) -> List[str]:
+    """Write the tasks that `names` asks for (default: BIG-bench defaults + the held-out text of
+    the run's blend) and that are not in tasks_dir yet."""
+    heldout = heldout_task_name(cfg.data.blend) if cfg.data.blend and not cfg.data.mock else None
+    if not names:
+        names = [f"bigbench_{t}" for t in DEFAULT_BIGBENCH] + ([heldout] if heldout else [])
+    missing_bb = [n.removeprefix("bigbench_") for n in names
+                  if n.startswith("bigbench_") and not (tasks_dir / f"{n}.yaml").exists()]
+    if missing_bb:
+        write_bigbench(missing_bb, tasks_dir)
+    if heldout in names and not (tasks_dir / f"{heldout}.yaml").exists():
+        write_heldout(cfg.data.blend, tasks_dir)
+    unknown = [n for n in names if not (tasks_dir / f"{n}.yaml").exists()]
+    if unknown:
+        have = sorted(p.stem for p in tasks_dir.glob("*.yaml"))
+        raise ValueError(f"TASKS names {unknown}, which {tasks_dir} does not hold (it has {have}). Fix: "
+                         "`make eval-data TASKS=<bigbench names>` or choose from those.")
+    return names
+
+
+def task_metrics(results: dict) -> Dict[str, Dict[str, float]]:
+    """lm-eval's `results` ({task: {"acc,none": x, "acc_stderr,none": s, "alias": ...}}) -> plain numbers."""
+    out: Dict[str, Dict[str, float]] = {}
+    for task, values in results.items():
+        metrics = {}
+        for key, value in values.items():
+            metric, _, _filter = key.partition(",")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics[metric] = float(value)
+        out[task] = metrics
+    return out
+
+
+def evaluate(run_dir: str | Path, tasks: List[str] | None = None, step: Optional[int] = None,
+             limit: Optional[int] = None, batch_size: int = 8, bootstrap_iters: int = 1000,
+             tasks_dir: Path = TASKS_DIR) -> Path:
+    os.environ.update(OFFLINE)
+    from pretrain.checkpoint import resolve
+    from pretrain.hf.convert import config_of
+    run_dir = Path(run_dir)
+    ck = resolve(run_dir / "checkpoints" / f"step_{step:08d}" if step is not None else run_dir / "checkpoints")
+    names = ensure_tasks(list(tasks or []), config_of(ck), Path(tasks_dir))
+    hf_dir, meta = exported(run_dir, ck), ck.meta
+    import lm_eval
+    import torch
+    from lm_eval.tasks import TaskManager
+    results = lm_eval.simple_evaluate(
+        model="hf", model_args={"pretrained": str(hf_dir), "dtype": "float32"}, tasks=names,
+        task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
+        device="cuda" if torch.cuda.is_available() else "cpu", batch_size=batch_size, limit=limit,
+        bootstrap_iters=bootstrap_iters, log_samples=False)
+    metrics = task_metrics(results["results"])
+    report = {"step": meta["step"], "tokens": meta.get("consumed_tokens"), "checkpoint": str(hf_dir),
+              "limit": limit, "tasks": metrics, "n_samples": results.get("n-samples", {}),
+              "versions": {"lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
+                           "tasks": results.get("versions", {})}}
+    out = run_dir / "evals" / f"step_{meta['step']:08d}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    tmp.replace(out)
+    from torch.utils.tensorboard import SummaryWriter
+    with SummaryWriter(str(run_dir / "tensorboard"), filename_suffix=".lm_eval") as tb:
+        for task, values in metrics.items():
+            for metric, value in values.items():
+                if "stderr" not in metric and math.isfinite(value):
+                    tb.add_scalar(f"lm_eval/{task}/{metric}", value, meta["step"])
+    return out
+
+
+def main() -> int:
+    env = os.environ
+    if not env.get("RUN"):
+        print("usage: make eval RUN=<run_dir> [STEP=N] [TASKS=bigbench_hyperbaton,...] [LIMIT=N]", file=sys.stderr)
+        return 2
+    tasks = [t.strip() for t in env.get("TASKS", "").split(",") if t.strip()]
+    try:
+        out = evaluate(env["RUN"], tasks, step=int(env["STEP"]) if env.get("STEP") else None,
+                       limit=int(env["LIMIT"]) if env.get("LIMIT") else None,
+                       batch_size=int(env.get("BATCH") or 8))
+    except (FileNotFoundError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    report = json.loads(out.read_text())
+    for task, values in sorted(report["tasks"].items()):
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items() if "stderr" not in k)
+        print(f">> {task}: {shown}")
+    print(f">> {out}; TensorBoard tag lm_eval/* in {Path(env['RUN']) / 'tensorboard'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
