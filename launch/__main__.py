@@ -1,8 +1,12 @@
-"""`make pretrain RECIPE=... [OVERRIDES=...]`: compose, validate, prepare data, launch.
+"""`make pretrain RECIPE=... [OVERRIDES=...] [DRY_RUN=1]`: compose, validate, prepare data, launch.
 
-On this machine (cluster.launcher=local) the run starts with torchrun, one process per
-`cluster.devices_per_node` (gloo on CPU, NCCL on GPUs); every rank reads the resolved
-`<run_dir>/config.yaml` written here, so all ranks train exactly the validated config.
+cluster.launcher=local: the run starts here with torchrun, one process per
+`cluster.devices_per_node` (gloo on CPU, NCCL on GPUs), from `<run_dir>/launch.sh`.
+cluster.launcher=srun|srun-torchrun: `<run_dir>/launch.sbatch` is rendered (launch/slurm.py)
+and submitted with sbatch (plus `cluster.chain_jobs` afterany followers); job id, logs and
+the TensorBoard command are printed. Every rank reads the resolved `<run_dir>/config.yaml`
+written here, so all ranks train exactly the validated config. DRY_RUN=1 prints the resolved
+config and the script and changes nothing.
 """
 from __future__ import annotations
 
@@ -46,23 +50,46 @@ def prepare_run_dir(job, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def launch_local(job, run_dir: Path) -> int:
+def local_script(job, run_dir: Path) -> str:
     nproc = job.cluster.nodes * job.cluster.devices_per_node
-    if job.cluster.nodes != 1:
-        print(f"cluster.nodes={job.cluster.nodes}: a local launch runs on one node; use a SLURM cluster profile.",
-              file=sys.stderr)
-        return 2
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "pretrain.train", "--config", str(run_dir / "config.yaml")]
     threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return ("#!/usr/bin/env bash\n# Written by `make pretrain` (launch/__main__.py); re-running it continues the run.\n"
+            f"set -euo pipefail\nexport OMP_NUM_THREADS={shlex.quote(threads)}\nexec {shlex.join(cmd)}\n")
+
+
+def launch_local(job, run_dir: Path) -> int:
     # The launch script is kept in the run directory (reproducibility) and is what runs; every
     # value in it is shell-quoted.
     script = run_dir / "launch.sh"
-    script.write_text("#!/usr/bin/env bash\n# Written by `make pretrain` (launch/__main__.py); re-running it continues the run.\n"
-                      f"set -euo pipefail\nexport OMP_NUM_THREADS={shlex.quote(threads)}\nexec {shlex.join(cmd)}\n")
+    script.write_text(local_script(job, run_dir))
     script.chmod(0o755)
-    print(f">> {script}: {shlex.join(cmd)}", flush=True)
-    return subprocess.call(["bash", str(script)])
+    print(f">> {script}", flush=True)
+    code = subprocess.call(["bash", str(script)])
+    if code == 0:
+        final = json.loads((run_dir / "final.json").read_text())["final"]
+        for rec in final:
+            if rec["kind"] in ("valid", "test"):
+                print(f">> {rec['kind']} loss {rec['loss']:.4f}, perplexity {rec['ppl']:.2f}")
+        print(f">> run directory: {run_dir}\n>> metrics: {run_dir / 'metrics.jsonl'}\n"
+              f">> TensorBoard: {sys.executable} -m tensorboard.main --logdir {run_dir / 'tensorboard'}")
+    return code
+
+
+def launch_slurm(job, run_dir: Path) -> int:
+    from launch.slurm import render, submit
+    script = run_dir / "launch.sbatch"
+    script.write_text(render(job, run_dir))
+    (run_dir / "logs").mkdir(exist_ok=True)
+    ids = submit(script, job.cluster.chain_jobs)
+    logs = run_dir.resolve() / "logs"
+    print(f">> submitted job {ids[0]}" + (f" (+ afterany chain {', '.join(ids[1:])})" if ids[1:] else "")
+          + f" from {script}\n>> run directory: {run_dir}\n>> log: {logs}/slurm-{ids[0]}.out (one file per job id)\n"
+          f">> status: squeue -j {','.join(ids)}   cancel: scancel {' '.join(ids)}\n"
+          f">> TensorBoard: {sys.executable} -m tensorboard.main --logdir {run_dir.resolve() / 'tensorboard'}", flush=True)
+    print(f"JOB_ID={ids[0]}", flush=True)
+    return 0
 
 
 def main() -> int:
@@ -72,23 +99,26 @@ def main() -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    if job.cluster.launcher != "local":
-        print(f"cluster={job.cluster.name} uses launcher {job.cluster.launcher!r}: SLURM rendering and submission "
-              "land with issue #7. To run on this machine pass OVERRIDES='cluster=local'.", file=sys.stderr)
-        return 2
-    ensure_data(job)
     run_dir = Path(job.run_dir)
+    local = job.cluster.launcher == "local"
+    if local and job.cluster.nodes != 1:
+        print(f"cluster.nodes={job.cluster.nodes}: a local launch runs on one node; use a SLURM cluster profile.",
+              file=sys.stderr)
+        return 2
+    if os.environ.get("DRY_RUN", "") not in ("", "0"):
+        from launch.slurm import render
+        print(f"# resolved config of {recipe} (would be {run_dir / 'config.yaml'})\n{to_yaml(job)}")
+        print(f"# {run_dir / ('launch.sh' if local else 'launch.sbatch')}\n"
+              + (local_script(job, run_dir) if local else render(job, run_dir)))
+        return 0
+    ensure_data(job)
     prepare_run_dir(job, run_dir)
     (run_dir / "config.yaml").write_text(to_yaml(job))
-    code = launch_local(job, run_dir)
-    if code == 0:
-        final = json.loads((run_dir / "final.json").read_text())["final"]
-        for rec in final:
-            if rec["kind"] in ("valid", "test"):
-                print(f">> {rec['kind']} loss {rec['loss']:.4f}, perplexity {rec['ppl']:.2f}")
-        print(f">> run directory: {run_dir}\n>> metrics: {run_dir / 'metrics.jsonl'}\n"
-              f">> TensorBoard: {sys.executable} -m tensorboard.main --logdir {run_dir / 'tensorboard'}")
-    return code
+    try:
+        return launch_local(job, run_dir) if local else launch_slurm(job, run_dir)
+    except (FileNotFoundError, RuntimeError) as err:
+        print(err, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -88,6 +88,23 @@ class TokenizeConfig:
     workers: int = doc(2, "Worker processes (HF tokenizers use their own threads instead).")
     batch_size: int = doc(256, "Documents per encode batch.")
     append_eod: bool = doc(True, "Append the end-of-document token (Megatron --append-eod).")
+    shards: int = doc(1, "Contiguous document ranges per split (one SLURM array task each), merged in order "
+                         "into one .bin/.idx per split: the same bytes as one pass.")
+
+
+@dataclass
+class SlurmJobConfig:
+    """CPU jobs of `make preprocess LAUNCHER=slurm` (launch/preprocess.py)."""
+    partition: Optional[str] = doc(None, "SLURM partition of the CPU jobs (null: the cluster's default).")
+    account: Optional[str] = doc(None, "SLURM account.")
+    qos: Optional[str] = doc(None, "SLURM QOS.")
+    constraint: Optional[str] = doc(None, "SLURM --constraint.")
+    cpus_per_task: int = doc(4, "CPUs of every job and array task.")
+    mem: Optional[str] = doc(None, "SLURM --mem per job (e.g. '16G').")
+    time: str = doc("04:00:00", "Time limit of every job and array task.")
+    exclude: List[str] = doc(None, "Hosts never to use.", factory=list)
+    setup: List[str] = doc(None, "Shell lines run first (modules, container); trusted site config.", factory=list)
+    env: Dict[str, str] = doc(None, "Environment variables of every job.", factory=dict)
 
 
 @dataclass
@@ -102,6 +119,7 @@ class PreprocessConfig:
     split: SplitConfig = doc(None, "Held-out splits.", factory=SplitConfig)
     tokenizer: TokenizerSpec = doc(None, "Stage 4.", factory=TokenizerSpec)
     tokenize: TokenizeConfig = doc(None, "Stage 5.", factory=TokenizeConfig)
+    slurm: SlurmJobConfig = doc(None, "Jobs of LAUNCHER=slurm.", factory=SlurmJobConfig)
     fetch: List[str] = doc(None, "Registry data to fetch first: 'shakespeare', 'gpt2-tokenizer', 'llama-sp-tokenizer'.",
                            factory=list)
 

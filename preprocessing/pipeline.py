@@ -27,7 +27,7 @@ from .filters import QualityFilter
 from .normalize import ExactDedup, normalize_text
 from .records import BadInput, read_documents, write_jsonl
 from .stage import Marker, fingerprint, print_summary
-from .tokenize_indexed import tokenize_to_indexed
+from .tokenize_indexed import merge_indexed, tokenize_to_indexed
 from .tokenizer_io import load_tokenizer, train_bpe
 
 SPLITS = ("train", "valid", "test")
@@ -124,48 +124,115 @@ def tokenizer_stage(cfg: PreprocessConfig, train_split: Path):
     return load_tokenizer(spec.type, spec.path, threads=cfg.tokenize.workers)
 
 
-def run_pipeline(cfg: PreprocessConfig) -> dict:
-    for what in cfg.fetch:
-        fetch(what)
+# ---- the pipeline as stages: one process locally, or SLURM jobs (launch/preprocess.py) -------------
+# prepare -> signatures[array over dedup.shards] -> cluster -> tokenize[array over tokenize.shards] -> merge
+STAGES = ("prepare", "signatures", "cluster", "tokenize", "merge")
+
+
+def stage_shards(cfg: PreprocessConfig, stage: str) -> int | None:
+    """Array size of a sharded stage; None for a single job."""
+    return {"signatures": cfg.dedup.shards, "tokenize": cfg.tokenize.shards}.get(stage)
+
+
+def _jsonl_input(cfg: PreprocessConfig, path: Path) -> InputConfig:
+    return InputConfig(paths=[str(path)], format="jsonl", text_field=cfg.input.text_field,
+                       id_field=cfg.input.id_field, max_bad_fraction=0.0)
+
+
+def _needs(path: Path, stage: str) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(f"{path} missing: stage {stage!r} has not finished (python -m preprocessing.pipeline "
+                                f"--stage {stage})")
+    return path
+
+
+def _split_part(cfg: PreprocessConfig, split: str, shard: int) -> Path:
+    n = cfg.tokenize.shards
+    name = f"{split}_text_document"
+    return Path(cfg.output_dir) / name if n == 1 else Path(cfg.output_dir) / "shards" / f"{name}.{shard:05d}-of-{n:05d}"
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 22), b""))
+
+
+def run_stage(cfg: PreprocessConfig, stage: str, shard: int | None = None) -> dict:
+    """One stage; a sharded stage does `shard` only, or every shard when None. Resumable throughout."""
     work, out = Path(cfg.work_dir), Path(cfg.output_dir)
     work.mkdir(parents=True, exist_ok=True)
-    normalized = normalize_stage(cfg, work)
-    deduped = normalized
-    if cfg.dedup.enabled:
-        as_input = InputConfig(paths=[str(normalized)], format="jsonl", text_field=cfg.input.text_field,
-                               id_field=cfg.input.id_field, max_bad_fraction=0.0)
-        run_dedup(as_input, cfg.dedup, work / "dedup")
-        deduped = work / "dedup" / "kept.jsonl"
-    filtered = filter_stage(cfg, deduped, work)
-    splits = split_stage(cfg, filtered, work)
-    tok = tokenizer_stage(cfg, splits["train"])
-    counts = {}
-    for name, path in splits.items():
-        inp = InputConfig(paths=[str(path)], format="jsonl", text_field=cfg.input.text_field,
-                          id_field=cfg.input.id_field, max_bad_fraction=0.0)
-        counts[name] = tokenize_to_indexed(inp, tok, out / f"{name}_text_document", cfg.tokenize)
-    blend = write_blend(out / "blend.json", {s: [(1.0, f"{s}_text_document")] for s in SPLITS},
-                        tokenizer={"type": cfg.tokenizer.type, "path": cfg.tokenizer.path, "vocab_size": tok.vocab_size,
-                                   "eod": tok.eod})
-    print_summary(f"{cfg.name}: tokens per split -> {blend}",
-                  {f"{s} documents / tokens": f"{c['documents']:,} / {c['tokens']:,}" for s, c in counts.items()})
-    return {"blend": str(blend), "splits": counts}
+    shards = stage_shards(cfg, stage)
+    if shard is not None and not (shards and 0 <= shard < shards):
+        raise ValueError(f"--shard {shard}: stage {stage!r} has {shards or 'no'} shards")
+    if stage == "prepare":
+        for what in cfg.fetch:
+            fetch(what)
+        normalize_stage(cfg, work)
+    elif stage == "signatures" and cfg.dedup.enabled:
+        dedup_in = _jsonl_input(cfg, _needs(work / "normalized.jsonl", "prepare"))
+        run_dedup(dedup_in, cfg.dedup, work / "dedup", "signatures", shard)
+    elif stage == "cluster":
+        deduped = _needs(work / "normalized.jsonl", "prepare")
+        if cfg.dedup.enabled:
+            run_dedup(_jsonl_input(cfg, deduped), cfg.dedup, work / "dedup", "cluster")
+            deduped = work / "dedup" / "kept.jsonl"
+        splits = split_stage(cfg, filter_stage(cfg, deduped, work), work)
+        tokenizer_stage(cfg, splits["train"])
+    elif stage == "tokenize":
+        tok = tokenizer_stage(cfg, _needs(work / "split" / "train.jsonl", "cluster"))
+        n = cfg.tokenize.shards
+        for split in SPLITS:
+            path = _needs(work / "split" / f"{split}.jsonl", "cluster")
+            total = count_lines(path)
+            for k in range(n) if shard is None else [shard]:
+                tokenize_to_indexed(_jsonl_input(cfg, path), tok, _split_part(cfg, split, k), cfg.tokenize,
+                                    None if n == 1 else (k * total // n, (k + 1) * total // n))
+    elif stage == "merge":
+        counts = {}
+        for split in SPLITS:
+            prefix = out / f"{split}_text_document"
+            if cfg.tokenize.shards == 1:
+                counts[split] = json.loads(_needs(Path(f"{prefix}.json"), "tokenize").read_text())
+            else:
+                counts[split] = merge_indexed([_split_part(cfg, split, k) for k in range(cfg.tokenize.shards)], prefix)
+        tok = tokenizer_stage(cfg, work / "split" / "train.jsonl")
+        blend = write_blend(out / "blend.json", {s: [(1.0, f"{s}_text_document")] for s in SPLITS},
+                            tokenizer={"type": cfg.tokenizer.type, "path": cfg.tokenizer.path,
+                                       "vocab_size": tok.vocab_size, "eod": tok.eod})
+        print_summary(f"{cfg.name}: tokens per split -> {blend}",
+                      {f"{s} documents / tokens": f"{c['documents']:,} / {c['tokens']:,}" for s, c in counts.items()})
+        return {"blend": str(blend), "splits": {s: {k: c[k] for k in ("documents", "tokens", "dtype",
+                                                                         "tokens_per_document")}
+                                                for s, c in counts.items()}}
+    elif stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    return {}
 
 
-def recipe_preprocess_name(recipe: str, overrides: List[str]) -> str:
-    from pretrain.config import load_recipe
-    return load_recipe(recipe, overrides).data.preprocess
+def run_pipeline(cfg: PreprocessConfig) -> dict:
+    """Every stage in order, in this process (sharded stages do all their shards)."""
+    result = {}
+    for stage in STAGES:
+        result = run_stage(cfg, stage)
+    return result
 
 
 @cli_main
 def main(argv: List[str] | None = None) -> int:
-    from .cli import load_config, stage_args
-    args, cfg = stage_args("pipeline", argv)
-    if args.config == "default" and os.environ.get("RECIPE"):
-        from pretrain.cli_args import split_overrides
-        name = recipe_preprocess_name(os.environ["RECIPE"], split_overrides(os.environ.get("OVERRIDES", "")))
-        cfg = load_config(name)
-    print(json.dumps(run_pipeline(cfg)))
+    from .cli import stage_args
+    args, cfg = stage_args("pipeline", argv, recipe_fallback=True, extra=lambda p: (
+        p.add_argument("--stage", choices=("all",) + STAGES, default="all"),
+        p.add_argument("--shard", type=int, default=None, help="shard of a sharded stage (SLURM_ARRAY_TASK_ID)")))
+    if args.stage == "all" and os.environ.get("LAUNCHER", "local") == "slurm":
+        from launch.preprocess import dry_run, submit_pipeline
+        if os.environ.get("DRY_RUN", "") not in ("", "0"):
+            print(dry_run(cfg))
+            return 0
+        return submit_pipeline(cfg)
+    if args.stage == "all" and os.environ.get("LAUNCHER", "local") != "local":
+        raise ValueError(f"LAUNCHER={os.environ['LAUNCHER']!r}: use 'local' (default) or 'slurm'")
+    result = run_pipeline(cfg) if args.stage == "all" else run_stage(cfg, args.stage, args.shard)
+    print(json.dumps(result))
     return 0
 
 

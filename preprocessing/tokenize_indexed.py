@@ -17,7 +17,7 @@ import os
 import sys
 from itertools import islice
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
@@ -36,10 +36,13 @@ def batched(iterable, n: int):
         yield batch
 
 
-def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: TokenizeConfig) -> dict:
+def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: TokenizeConfig,
+                        doc_range: Tuple[int, int] | None = None) -> dict:
+    """`doc_range` (lo, hi): only documents lo..hi-1 of the input (one shard; merge_indexed joins them)."""
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    marker = Marker(prefix.parent, prefix.name, fingerprint([vars(inp), vars(cfg), describe(tokenizer)], inp.paths))
+    settings = [vars(inp), {k: v for k, v in vars(cfg).items() if k != "shards"}, describe(tokenizer), doc_range]
+    marker = Marker(prefix.parent, prefix.name, fingerprint(settings, inp.paths))
     done = marker.done()
     if done:
         return done
@@ -48,8 +51,8 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
     builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=dtype)
     bad, docs, tokens = BadInput(), 0, 0
     progress = tqdm(desc=f"tokenize {prefix.name}", unit="doc", file=sys.stderr)
-    for batch in batched(read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field,
-                                        id_field=inp.id_field, bad=bad), cfg.batch_size):
+    docs_in = read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field, bad=bad)
+    for batch in batched(islice(docs_in, *doc_range) if doc_range else docs_in, cfg.batch_size):
         for ids in tokenizer.encode_batch([d.text for d in batch]):
             if cfg.append_eod:
                 ids.append(tokenizer.eod)
@@ -64,12 +67,44 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
     os.replace(f"{tmp}.idx", f"{prefix}.idx")
     summary = {"documents": docs, "tokens": tokens, "dtype": np.dtype(dtype).name,
                "tokens_per_document": round(tokens / max(1, docs), 1)}
-    sidecar = {"prefix": str(prefix), **summary, "append_eod": cfg.append_eod, "tokenizer": describe(tokenizer),
+    sidecar = {"prefix": str(prefix), **summary, "documents_range": doc_range, "append_eod": cfg.append_eod,
+               "tokenizer": describe(tokenizer),
                "sources": [{"path": str(p), "bytes": Path(p).stat().st_size, "sha256": file_digest(Path(p))}
                            for p in inp.paths if Path(p).is_file()],
                "skipped": bad.as_dict()}
     Path(f"{prefix}.json").write_text(json.dumps(sidecar, indent=1))
-    print_summary(f"tokenize -> {prefix}.bin/.idx", summary, dict(bad.counts))
+    print_summary(f"tokenize -> {prefix}.bin/.idx" + (f" (documents {doc_range[0]}..{doc_range[1] - 1})"
+                                                      if doc_range else ""), summary, dict(bad.counts))
+    marker.mark(summary)
+    return summary
+
+
+def merge_indexed(parts: List[Path], prefix: str | Path) -> dict:
+    """Concatenate indexed datasets in order (megatron-core's `add_index`, as Megatron-LM's
+    tools/merge_datasets.py): shards of contiguous document ranges give the bytes of one pass."""
+    prefix = Path(prefix)
+    sidecars = []
+    for part in parts:
+        if not Path(f"{part}.idx").exists():
+            raise FileNotFoundError(f"{part}.idx missing: its tokenize shard has not finished")
+        sidecars.append(json.loads(Path(f"{part}.json").read_text()))
+    marker = Marker(prefix.parent, prefix.name, fingerprint([str(p) for p in parts],
+                                                            [Path(f"{p}.{ext}") for p in parts for ext in ("bin", "idx")]))
+    done = marker.done()
+    if done:
+        return done
+    dtype = np.dtype(sidecars[0]["dtype"]).type
+    tmp = prefix.with_name(prefix.name + ".tmp")
+    builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=dtype)
+    for part in parts:
+        builder.add_index(str(part))
+    builder.finalize(f"{tmp}.idx")
+    os.replace(f"{tmp}.bin", f"{prefix}.bin")
+    os.replace(f"{tmp}.idx", f"{prefix}.idx")
+    docs, tokens = sum(s["documents"] for s in sidecars), sum(s["tokens"] for s in sidecars)
+    summary = {"documents": docs, "tokens": tokens, "dtype": sidecars[0]["dtype"],
+               "tokens_per_document": round(tokens / max(1, docs), 1)}
+    Path(f"{prefix}.json").write_text(json.dumps({"prefix": str(prefix), **summary, "parts": sidecars}, indent=1))
     marker.mark(summary)
     return summary
 

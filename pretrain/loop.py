@@ -75,7 +75,7 @@ class Trainer:
         self.saved_step = -1
         self.guard = SpikeGuard(cfg)
         self.faults_fired: set = set()
-        self.preemption = PreemptionFlag()
+        self.preemption = PreemptionFlag(self.run_dir / "preempt.flag")
 
     def log(self, text: str) -> None:
         if self.engine.is_logging_rank():

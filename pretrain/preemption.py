@@ -7,10 +7,16 @@ because the signal reaches each task at a slightly different moment: if any rank
 rank saves a checkpoint after the same step and the process exits with REQUEUE_EXIT, which the
 batch script answers with `scontrol requeue` (or the next job of an afterany chain); the next
 start resumes from that checkpoint.
+
+The batch script's trap also touches `<run_dir>/preempt.flag`, which rank 0 checks in the same
+per-step agreement: with `srun-torchrun` the torchrun agent does not forward SIGUSR1 to its
+workers, and a file on the shared run directory reaches them whatever sits in between.
 """
 from __future__ import annotations
 
 import signal
+from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -24,11 +30,16 @@ class RunPreempted(RuntimeError):
 
 
 class PreemptionFlag:
-    def __init__(self):
+    def __init__(self, flag_file: Optional[Path] = None):
         self.received = None
         self._previous = {}
+        self.flag_file = flag_file
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        self._check_file = flag_file is not None and rank == 0
 
     def install(self) -> None:
+        if self._check_file and self.flag_file.exists():
+            self.flag_file.unlink()          # a stale flag from the start this one continues
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
 
@@ -42,6 +53,8 @@ class PreemptionFlag:
 
     def agreed(self) -> bool:
         """Whether any rank received a signal (a collective: every rank calls it every step)."""
+        if self._check_file and not self.received and self.flag_file.exists():
+            self.received = f"flag file {self.flag_file}"
         flag = torch.tensor([1 if self.received else 0], dtype=torch.int32,
                             device="cuda" if torch.cuda.is_available() else "cpu")
         if dist.is_initialized() and dist.get_world_size() > 1:

@@ -232,7 +232,12 @@ class ClusterConfig:
     setup: list[str] = doc(None, "Shell lines run before launch (modules, container); trusted cluster config.", factory=list)
     env: dict[str, str] = doc(None, "Environment variables for every rank (NCCL settings, ...).", factory=dict)
     signal_lead_s: int = doc(300, "Seconds before the time limit when SLURM sends USR1 to checkpoint and requeue.")
-    max_restarts: int = doc(10, "Requeue at most this many times.")
+    max_restarts: int = doc(10, "Requeue at most this many times (SLURM_RESTART_COUNT), then stop with the requeue code.")
+    requeue: bool = doc(True, "On a signal's checkpoint (exit 75) `scontrol requeue` the job; false where the cluster forbids it.")
+    chain_jobs: int = doc(0, "Also submit this many follow-up jobs, each --dependency=afterany on the one before (resume).")
+    health_check: bool = doc(True, "Before training, one task per node checks devices, an all-reduce and free disk.")
+    health_min_free_gb: float = doc(20.0, "Free space the health check needs in the checkpoint directory's filesystem.")
+    bad_nodes_file: str = doc("runs/bad_nodes.txt", "Hosts that failed a health check; every later submission excludes them.")
 
 
 @dataclass

@@ -5,6 +5,8 @@ recipe in one round trip, before anything reaches a cluster.
 """
 from __future__ import annotations
 
+import re
+
 from .derive import batch_ramp
 from .schema import JobConfig
 
@@ -62,6 +64,21 @@ def pipeline_stage_layers(num_layers: int, pp: int, first: int | None, last: int
     if last is not None:
         layers[-1] = last
     return layers
+
+
+def sbatch_problems(section: str, sc, extra: dict | None = None) -> list[str]:
+    """Values that become #SBATCH directives (sbatch parses those lines itself, strips the quotes we
+    put around each value and never runs a shell on them; a newline would start a new script line,
+    a double quote would end the value early) and env keys that become `export KEY=...` lines.
+    `sc` is a cluster-like section (cluster, or preprocessing's slurm)."""
+    values = {**(extra or {}), **{f"{section}.{k}": getattr(sc, k) for k in ("partition", "account", "qos", "mem",
+                                                                           "time", "constraint")},
+              **{f"{section}.exclude[{i}]": h for i, h in enumerate(sc.exclude)}}
+    problems = [f"{key}={value!r} holds a double quote, backslash or line break, which an #SBATCH line cannot "
+                "carry. Fix: remove it." for key, value in values.items()
+                if value is not None and any(ch in str(value) for ch in '"\n\r\\')]
+    return problems + [f"{section}.env key {key!r} is not a shell variable name (letters, digits, _; not starting "
+                       "with a digit)." for key in sc.env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key))]
 
 
 def validate(cfg: JobConfig) -> None:
@@ -147,6 +164,12 @@ def validate(cfg: JobConfig) -> None:
             add(f"parallel.virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size>1 (is {pp}).")
         elif min(stages) > 0 and any(n % vpp for n in stages):
             add(f"parallel.virtual_pipeline_model_parallel_size={vpp} does not divide the layers per stage {stages}.")
+
+    cl = cfg.cluster
+    for problem in sbatch_problems("cluster", cl, {"name": cfg.name, "run_dir": cfg.run_dir}):
+        add(problem)
+    if cl.launcher != "local" and (cl.max_restarts < 0 or cl.chain_jobs < 0):
+        add(f"cluster.max_restarts={cl.max_restarts} and cluster.chain_jobs={cl.chain_jobs} must be >= 0.")
 
     # World and batch
     world = cfg.cluster.nodes * cfg.cluster.devices_per_node

@@ -51,6 +51,11 @@ def init_distributed(timeout_minutes: int = 30) -> None:
     if dist.is_initialized():
         return
     from datetime import timedelta
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        # `srun` one task per GPU (launch/templates/sbatch.j2): ranks from SLURM; the batch script
+        # exports MASTER_ADDR/MASTER_PORT (first host of the allocation, a port from the job id).
+        os.environ.update(RANK=os.environ["SLURM_PROCID"], LOCAL_RANK=os.environ["SLURM_LOCALID"],
+                          WORLD_SIZE=os.environ["SLURM_NTASKS"])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

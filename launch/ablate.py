@@ -1,0 +1,160 @@
+"""`make ablate RECIPE=... SWEEP='optim.lr=1e-4,3e-4 batch.global=256,512' [OVERRIDES=...]`
+
+A Hydra multirun over the cartesian product of SWEEP (OVERRIDES apply to every run):
+* recipe with `cluster.launcher=local`: Hydra's basic launcher, one run after another here,
+  each through the same torchrun launch as `make pretrain` (launch/__main__.py);
+* a SLURM cluster profile: the submitit launcher (hydra-submitit-launcher), one SLURM job per
+  run sized from the recipe's `cluster` section (nodes, one task per device, partition,
+  account, setup lines, env). Every task trains in process; ranks come from submitit's
+  environment. A time-limit or preemption signal checkpoints (exit 75) and the job is
+  requeued with `scontrol requeue` up to `cluster.max_restarts`, resuming where it stopped,
+  as `make pretrain` jobs do.
+
+Every run gets its own directory `runs/ablate/<recipe>-<time>/<swept key=value,...>`, which is
+also its TensorBoard tag: `tensorboard --logdir <sweep dir>` shows the runs side by side, and
+`make compare RUNS=...` (printed at the end) plots them. `make ablate` waits for the runs and
+ends with a table of their final losses.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, open_dict
+
+from pretrain import RECIPES_DIR, REPO_ROOT
+from pretrain.cli_args import split_overrides
+from pretrain.config import ConfigError, finalize, load_recipe, to_yaml
+from pretrain.preemption import REQUEUE_EXIT
+
+
+def hydra_quote(value) -> str:
+    """A Hydra override value as a quoted string (no interpolation, grammar characters inert)."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${") + "'"
+
+
+def minutes(limit: str) -> int:
+    """SLURM time ('D-HH:MM:SS', 'HH:MM:SS', 'MM') -> minutes for submitit."""
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    h, m, s = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
+    return int(days or 0) * 1440 + h * 60 + m + (1 if s else 0)
+
+
+def launcher_overrides(job, sweep_dir: Path) -> List[str]:
+    """hydra/launcher and its settings from the recipe's cluster section."""
+    c = job.cluster
+    if c.launcher == "local":
+        return ["hydra/launcher=basic"]
+    setup = list(c.setup) + [f"export {k}={shlex.quote(str(v))}" for k, v in c.env.items()]
+    settings = {"nodes": c.nodes, "tasks_per_node": c.devices_per_node, "timeout_min": minutes(c.time),
+                "signal_delay_s": c.signal_lead_s, "name": job.name, "submitit_folder": f"{sweep_dir}/.submitit/%j",
+                "cpus_per_task": c.cpus_per_task, "partition": c.partition, "account": c.account, "qos": c.qos,
+                "constraint": c.constraint, "exclude": ",".join(c.exclude) or None,
+                "gpus_per_node": c.devices_per_node if c.gpu_type != "cpu" else None}
+    out = ["hydra/launcher=submitit_slurm"] + [f"hydra.launcher.{k}={hydra_quote(v) if isinstance(v, str) else v}"
+                                              for k, v in settings.items() if v is not None]
+    if setup:
+        out.append(f"hydra.launcher.setup=[{','.join(hydra_quote(line) for line in setup)}]")
+    if c.mem is not None:
+        out.append(f"+hydra.launcher.additional_parameters.mem={hydra_quote(c.mem)}")
+    return out
+
+
+def train_here(job) -> int:
+    """One run inside a submitit SLURM task: this task is one rank."""
+    import submitit
+
+    from pretrain.train import run
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+    code = run(job)
+    env = submitit.JobEnvironment()
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if code == REQUEUE_EXIT and env.global_rank == 0 and restarts < job.cluster.max_restarts:
+        print(f">> checkpoint saved: requeueing {env.job_id} (restart {restarts + 1})", flush=True)
+        subprocess.run(["scontrol", "requeue", env.job_id], check=True)
+    return code
+
+
+@hydra.main(config_path=str(RECIPES_DIR), config_name="gpt-tiny", version_base="1.3")
+def ablation_run(cfg: DictConfig) -> float | None:
+    hc = HydraConfig.get()
+    with open_dict(cfg):
+        cfg.run_dir = hc.runtime.output_dir
+    try:
+        job = finalize(cfg, hc.job.config_name)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+    run_dir = Path(job.run_dir)
+    if job.cluster.launcher != "local":
+        code = train_here(job)
+    else:
+        from launch.__main__ import launch_local
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(job))
+        code = launch_local(job, run_dir)
+    if code not in (0, REQUEUE_EXIT):
+        raise RuntimeError(f"run {run_dir} exited with {code}: see its logs")
+    return None
+
+
+def summarize(sweep_dir: Path) -> str:
+    rows = []
+    for run in sorted(p for p in sweep_dir.iterdir() if (p / "config.yaml").exists()):
+        final = json.loads((run / "final.json").read_text())["final"] if (run / "final.json").exists() else []
+        losses = {r["kind"]: r["loss"] for r in final}
+        rows.append(f"  {run.name:<48} train {losses.get('train', float('nan')):.4f}   "
+                    f"valid {losses.get('valid', float('nan')):.4f}" + ("" if final else "   (not finished)"))
+    runs = " ".join(shlex.quote(str(p)) for p in sorted(sweep_dir.iterdir()) if (p / "config.yaml").exists())
+    return "\n".join([f">> ablation {sweep_dir}:", *rows, f">> TensorBoard: {sys.executable} -m tensorboard.main "
+                      f"--logdir {shlex.quote(str(sweep_dir))}", f">> plots: make compare RUNS={shlex.quote(runs)}"])
+
+
+def main() -> int:
+    recipe = os.environ.get("RECIPE", "gpt-tiny")
+    sweep, overrides = split_overrides(os.environ.get("SWEEP", "")), split_overrides(os.environ.get("OVERRIDES", ""))
+    if not sweep:
+        print("usage: make ablate RECIPE=<recipe> SWEEP='key=a,b key2=c,d' [OVERRIDES='...']", file=sys.stderr)
+        return 2
+    try:   # every combination is validated here, before anything runs or is submitted
+        parsed = OverridesParser.create().parse_overrides(sweep)
+        combos = [[]]
+        for o in parsed:
+            combos = [c + [f"{o.get_key_element()}={v}"] for c in combos for v in o.sweep_string_iterator()]
+        job = load_recipe(recipe, overrides + combos[0])
+        for combo in combos[1:]:
+            load_recipe(recipe, overrides + combo)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    except Exception as err:   # Hydra's override grammar
+        print(f"SWEEP={os.environ.get('SWEEP')!r}: {err}", file=sys.stderr)
+        return 2
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    sweep_dir = Path(os.environ.get("ABLATE_DIR") or REPO_ROOT / "runs" / "ablate" / f"{recipe}-{stamp}").resolve()
+    swept = {o.key_or_group for o in parsed}   # run directories are named by the swept keys only
+    fixed_keys = [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)
+                  if o.key_or_group not in swept]
+    print(f">> {len(combos)} runs of {recipe} into {sweep_dir}", flush=True)
+    sys.argv = [sys.argv[0], "-m", "-cn", recipe, *overrides, *sweep, f"hydra.sweep.dir={hydra_quote(sweep_dir)}",
+                "hydra.sweep.subdir=${hydra.job.override_dirname}",
+                f"hydra.job.config.override_dirname.exclude_keys=[{','.join(hydra_quote(k) for k in fixed_keys)}]",
+                *launcher_overrides(job, sweep_dir)]
+    ablation_run()
+    print(summarize(sweep_dir), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

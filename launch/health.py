@@ -1,0 +1,143 @@
+"""Node pre-flight for SLURM jobs (the playbook: find bad nodes before they waste a run).
+
+    srun --ntasks-per-node=1 python -m launch.health check --run-dir D --devices 8 --gpus 1 ...
+    python -m launch.health collect --run-dir D --bad-nodes-file runs/bad_nodes.txt
+
+`check` runs once per node: the node's GPUs are all visible and each runs a small matmul, an
+all-reduce across every node of the job completes with the right sum (NCCL on GPUs, gloo
+otherwise; a timeout, not a hang), and the checkpoint directory's filesystem has the free
+space asked for. Each node writes `<run_dir>/health/<job id>/<host>.json` before the
+collective, so a node that hangs there still leaves its local findings.
+`collect` (the batch shell, after the step) names every failing host - and every host of the
+allocation that wrote no report - in the job log, appends them to the bad-nodes file that
+later submissions pass to `--exclude`, and exits 1 so the job stops before training.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import List
+
+
+def report_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "health" / os.environ.get("SLURM_JOB_ID", "local")
+
+
+def device_problems(devices: int, gpus: bool) -> List[str]:
+    if not gpus:
+        return []
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.device_count() < devices:
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [f"{found} of {devices} GPUs visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})"]
+    problems = []
+    for i in range(devices):
+        try:
+            a = torch.randn(256, 256, device=f"cuda:{i}")
+            if not torch.isfinite(a @ a).all():
+                problems.append(f"cuda:{i} returned non-finite matmul results")
+        except RuntimeError as err:
+            problems.append(f"cuda:{i}: {err}")
+    return problems
+
+
+def disk_problems(directory: Path, min_free_gb: float) -> List[str]:
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free / 2**30
+    return [] if free >= min_free_gb else [f"{free:.1f} GiB free under {probe}, need {min_free_gb:g}"]
+
+
+def allreduce_problems(gpus: bool, timeout_s: int = 120) -> List[str]:
+    import torch
+    import torch.distributed as dist
+    world, rank = int(os.environ.get("SLURM_NTASKS", "1")), int(os.environ.get("SLURM_PROCID", "0"))
+    port = int(os.environ.get("MASTER_PORT", "29500")) + 1          # training uses MASTER_PORT itself
+    backend = "nccl" if gpus else "gloo"
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}",
+                                rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        one = torch.ones(1, device="cuda" if gpus else "cpu")
+        dist.all_reduce(one)
+        dist.destroy_process_group()
+    except Exception as err:       # any failure of the collective is the finding, whatever raised it
+        return [f"all-reduce across {world} nodes failed: {type(err).__name__}: {err}"]
+    return [] if int(one.item()) == world else [f"all-reduce gave {int(one.item())}, expected {world}"]
+
+
+def check(args) -> int:
+    host = socket.gethostname().split(".")[0]
+    t0 = time.time()
+    problems = device_problems(args.devices, bool(args.gpus)) + disk_problems(Path(args.checkpoint_dir),
+                                                                              args.min_free_gb)
+    out = report_dir(args.run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def write(stage):
+        body = {"host": host, "ok": not problems, "problems": problems, "stage": stage, "seconds": time.time() - t0}
+        (out / f"{host}.json").write_text(json.dumps(body))
+
+    write("local")
+    problems += allreduce_problems(bool(args.gpus))
+    write("done")
+    print(f">> health {host}: {'ok' if not problems else '; '.join(problems)}", flush=True)
+    return 0 if not problems else 1
+
+
+def job_hosts() -> List[str]:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return []
+    res = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    return res.stdout.split()
+
+
+def collect(args) -> int:
+    out = report_dir(args.run_dir)
+    reports = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))} if out.exists() else {}
+    failing = {host: r["problems"] for host, r in reports.items() if not r["ok"] or r["stage"] != "done"}
+    for host in job_hosts():
+        if host not in reports:
+            failing[host] = ["wrote no health report (the check did not start or died)"]
+    if not failing:
+        print(f">> health: all {len(reports)} node(s) passed", flush=True)
+        return 0
+    bad_file = Path(args.bad_nodes_file)
+    bad_file.parent.mkdir(parents=True, exist_ok=True)
+    job = os.environ.get("SLURM_JOB_ID", "?")
+    with bad_file.open("a") as f:
+        for host, problems in sorted(failing.items()):
+            print(f">> health FAILED on {host}: {'; '.join(problems) or 'collective did not finish'}", flush=True)
+            f.write(f"{host}  # job {job}: {'; '.join(problems)[:200]}\n")
+    print(f">> {len(failing)} bad node(s) added to {bad_file}; the next `make pretrain` excludes them. "
+          "Not training on this allocation.", flush=True)
+    return 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="action", required=True)
+    c = sub.add_parser("check")
+    c.add_argument("--run-dir", required=True)
+    c.add_argument("--devices", type=int, required=True)
+    c.add_argument("--gpus", type=int, default=1)
+    c.add_argument("--min-free-gb", type=float, default=20.0)
+    c.add_argument("--checkpoint-dir", required=True)
+    k = sub.add_parser("collect")
+    k.add_argument("--run-dir", required=True)
+    k.add_argument("--bad-nodes-file", required=True)
+    args = parser.parse_args()
+    return check(args) if args.action == "check" else collect(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""SLURM: render `<run_dir>/launch.sbatch` from launch/templates/sbatch.j2, submit it.
+
+Every value from the recipe or the command line reaches the script shell-quoted
+(`shlex.quote`, the `q` filter) or as a double-quoted #SBATCH value that sbatch parses
+without a shell (the `d` filter; validate.py refuses quotes and line breaks in those).
+`cluster.setup` lines are the one exception: they are the site's trusted shell (modules,
+containers) and are written as they are.
+
+Launcher styles (`cluster.launcher`):
+  srun           one task per device; ranks from SLURM_PROCID/SLURM_LOCALID (pretrain/engines/common.py),
+                 master = first host of `scontrol show hostnames`, port from the job id
+  srun-torchrun  one task per node running torchrun with c10d rendezvous on that master
+"""
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import jinja2
+
+from pretrain import REPO_ROOT
+from pretrain.preemption import REQUEUE_EXIT
+
+TEMPLATE = Path(__file__).parent / "templates" / "sbatch.j2"
+
+
+def bad_nodes(path: str | Path) -> List[str]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return sorted({line.split("#")[0].strip() for line in path.read_text().splitlines()} - {""})
+
+
+def directive(value) -> str:
+    return f'"{value}"'
+
+
+def template(name: str) -> jinja2.Template:
+    """launch/templates/<name> with the two quoting filters: q (shell word), d (#SBATCH value)."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE.parent)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters.update(q=lambda v: shlex.quote(str(v)), d=directive)
+    return env.get_template(name)
+
+
+def render(job, run_dir: Path) -> str:
+    c = job.cluster
+    bad_file = Path(c.bad_nodes_file)
+    bad_file = bad_file if bad_file.is_absolute() else REPO_ROOT / bad_file
+    text = template(TEMPLATE.name).render(
+        job=job, c=c, run_dir=str(run_dir.resolve()), repo=str(REPO_ROOT), python=sys.executable,
+        config=str((run_dir / "config.yaml").resolve()), launcher=c.launcher,
+        tasks_per_node=c.devices_per_node if c.launcher == "srun" else 1, gpus=c.gpu_type != "cpu",
+        # srun (22.05+) does not take --cpus-per-task from the allocation: repeat it on the step
+        cpus=f" --cpus-per-task={c.cpus_per_task}" if c.cpus_per_task else "",
+        exclude=sorted(set(c.exclude) | set(bad_nodes(bad_file))), bad_nodes_file=str(bad_file),
+        log_pattern=str((run_dir / "logs" / "slurm-%j.out").resolve()), requeue_exit=REQUEUE_EXIT,
+        checkpoint_dir=str(Path(job.checkpoint.dir or run_dir / "checkpoints").resolve()))
+    return text
+
+
+def sbatch(script: Path, dependency: str | None = None) -> str:
+    """Submit; the job id. `dependency` e.g. 'afterok:123' (a dependent job that can never run is
+    cancelled rather than left pending)."""
+    if shutil.which("sbatch") is None:
+        raise FileNotFoundError("sbatch is not on PATH: this machine has no SLURM client. Use DRY_RUN=1 to see "
+                                "the script, or run locally (cluster=local, LAUNCHER=local).")
+    cmd = ["sbatch", "--parsable"] + ([f"--dependency={dependency}", "--kill-on-invalid-dep=yes"] if dependency
+                                      else []) + [str(script)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
+    return res.stdout.strip().split(";")[0]
+
+
+def submit(script: Path, chain_jobs: int = 0) -> List[str]:
+    """sbatch the script (plus `chain_jobs` afterany followers); job ids in order."""
+    ids: List[str] = []
+    for _ in range(1 + chain_jobs):
+        ids.append(sbatch(script, f"afterany:{ids[-1]}" if ids else None))
+    return ids
