@@ -92,6 +92,22 @@ def launch_slurm(job, run_dir: Path) -> int:
     return 0
 
 
+def runs_here(job, dry_run: bool = False) -> bool:
+    """True: torchrun on this machine; False: sbatch. A SLURM profile on a machine without SLURM
+    runs here when it fits on one node (what `make pretrain` promises on a laptop or a bare box)."""
+    c = job.cluster
+    if c.launcher != "local" and not dry_run and shutil.which("sbatch") is None:
+        if c.nodes != 1:
+            raise RuntimeError(f"cluster={c.name} needs {c.nodes} nodes but this machine has no SLURM (no sbatch on "
+                               "PATH). Submit from a login node, or DRY_RUN=1 to see the script.")
+        print(f">> cluster={c.name} but no sbatch on this machine: running here with torchrun "
+              f"({c.devices_per_node} processes)", flush=True)
+        return True
+    if c.launcher == "local" and c.nodes != 1:
+        raise RuntimeError(f"cluster.nodes={c.nodes}: a local launch runs on one node; use a SLURM cluster profile.")
+    return c.launcher == "local"
+
+
 def main() -> int:
     recipe = os.environ.get("RECIPE", "gpt-tiny")
     try:
@@ -100,12 +116,13 @@ def main() -> int:
         print(err, file=sys.stderr)
         return 2
     run_dir = Path(job.run_dir)
-    local = job.cluster.launcher == "local"
-    if local and job.cluster.nodes != 1:
-        print(f"cluster.nodes={job.cluster.nodes}: a local launch runs on one node; use a SLURM cluster profile.",
-              file=sys.stderr)
+    dry_run = os.environ.get("DRY_RUN", "") not in ("", "0")
+    try:
+        local = runs_here(job, dry_run)
+    except RuntimeError as err:
+        print(err, file=sys.stderr)
         return 2
-    if os.environ.get("DRY_RUN", "") not in ("", "0"):
+    if dry_run:
         from launch.slurm import render
         print(f"# resolved config of {recipe} (would be {run_dir / 'config.yaml'})\n{to_yaml(job)}")
         print(f"# {run_dir / ('launch.sh' if local else 'launch.sbatch')}\n"

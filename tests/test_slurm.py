@@ -62,6 +62,17 @@ def test_config_errors_stop_before_rendering():
         validate(cfg)
 
 
+def test_a_slurm_profile_runs_here_where_there_is_no_slurm(monkeypatch, tmp_path, capsys):
+    from launch.__main__ import runs_here
+    from pretrain.config import load_recipe
+    monkeypatch.setenv("PATH", str(tmp_path))                     # no sbatch on this PATH
+    assert runs_here(load_recipe("gpt-tiny", CLUSTER)) is True       # one node: torchrun here, said loudly
+    assert "no sbatch on this machine: running here with torchrun (2 processes)" in capsys.readouterr().out
+    assert runs_here(load_recipe("gpt-7b"), dry_run=True) is False   # DRY_RUN still renders the sbatch script
+    with pytest.raises(RuntimeError, match="needs 2 nodes but this machine has no SLURM"):
+        runs_here(load_recipe("gpt-7b"))
+
+
 # ---- a real cluster --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def slurm():
