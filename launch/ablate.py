@@ -75,6 +75,9 @@ def train_here(job) -> int:
     import submitit
 
     from pretrain.train import run
+    # The port from this job's id, as launch.sbatch does: submitit would take an inherited MASTER_PORT
+    # (sbatch exports the submitter's environment), and two runs on one node would then share a store.
+    os.environ["MASTER_PORT"] = str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000)
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
     code = run(job)

@@ -85,6 +85,8 @@ def slurm():
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = conf
     yield conf
+    subprocess.run(["scancel", "--user", "root"])   # a test that failed mid-job leaves nothing running
+    time.sleep(2)
     subprocess.run(["bash", str(REPO / "tests" / "slurm_cluster.sh"), "stop"])
     if old is None:
         os.environ.pop("SLURM_CONF", None)
@@ -208,8 +210,9 @@ def test_ablate_on_slurm_runs_each_combination_as_a_submitit_job_with_its_own_di
     sweep_dir = tmp_path / "sweep"
     overrides = " ".join([*CLUSTER, *BASE, "schedule.train_iters=6", "schedule.lr_warmup=2", "logging.tensorboard=true"])
     res = subprocess.run(["make", "-s", "ablate", "RECIPE=gpt-tiny", "SWEEP=optim.lr=1e-3,3e-3", f"OVERRIDES={overrides}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, ABLATE_DIR=str(sweep_dir)))
+                         cwd=REPO, capture_output=True, text=True, timeout=400,
+                         env=dict(os.environ, ABLATE_DIR=str(sweep_dir), RANK="0", WORLD_SIZE="1",
+                                  MASTER_PORT="29555"))        # a submitting shell that was a rank: nothing leaks
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     runs = {p.name: p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")}
     assert sorted(runs) == ["optim.lr=0.001", "optim.lr=0.003"]
