@@ -58,7 +58,8 @@ def init_distributed(timeout_minutes: int = 30) -> None:
                           WORLD_SIZE=os.environ["SLURM_NTASKS"])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        # a site that binds one GPU per task (--gpus-per-task, gpu-bind) shows each rank one device
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
 
 
