@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from pretrain.cli_args import split_overrides
+from common.cli import env_flag, split_overrides
+from preprocessing.cli import load_config
+from preprocessing.pipeline import run_pipeline
 from pretrain.config import ConfigError, config_diff, load_recipe, to_yaml
 
 
@@ -27,8 +29,6 @@ def ensure_data(job) -> None:
     """Fetch and preprocess the recipe's data when its blend file is missing."""
     if job.data.mock or not job.data.blend or Path(job.data.blend).exists():
         return
-    from preprocessing.cli import load_config
-    from preprocessing.pipeline import run_pipeline
     print(f">> {job.data.blend} is missing: running preprocessing/conf/{job.data.preprocess}.yaml", flush=True)
     run_pipeline(load_config(job.data.preprocess))
 
@@ -87,7 +87,8 @@ def launch_slurm(job, run_dir: Path) -> int:
     print(f">> submitted job {ids[0]}" + (f" (+ afterany chain {', '.join(ids[1:])})" if ids[1:] else "")
           + f" from {script}\n>> run directory: {run_dir}\n>> log: {logs}/slurm-{ids[0]}.out (one file per job id)\n"
           f">> status: squeue -j {','.join(ids)}   cancel: scancel {' '.join(ids)}\n"
-          f">> TensorBoard: {sys.executable} -m tensorboard.main --logdir {run_dir.resolve() / 'tensorboard'}", flush=True)
+          f">> TensorBoard: {sys.executable} -m tensorboard.main --logdir {run_dir.resolve() / 'tensorboard'}",
+          flush=True)
     print(f"JOB_ID={ids[0]}", flush=True)
     return 0
 
@@ -116,7 +117,7 @@ def main() -> int:
         print(err, file=sys.stderr)
         return 2
     run_dir = Path(job.run_dir)
-    dry_run = os.environ.get("DRY_RUN", "") not in ("", "0")
+    dry_run = env_flag("DRY_RUN")
     try:
         local = runs_here(job, dry_run)
     except RuntimeError as err:

@@ -1,4 +1,4 @@
-"""`make ablate RECIPE=... SWEEP='optim.lr=1e-4,3e-4 batch.global=256,512' [OVERRIDES=...]`
+"""`make ablate RECIPE=... SWEEP='optim.lr=1e-4,3e-4 batch.global_batch_size=256,512' [OVERRIDES=...]`
 
 A Hydra multirun over the cartesian product of SWEEP (OVERRIDES apply to every run):
 * recipe with `cluster.launcher=local`: Hydra's basic launcher, one run after another here,
@@ -31,8 +31,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, open_dict
 
+from common.cli import split_overrides
 from pretrain import RECIPES_DIR, REPO_ROOT
-from pretrain.cli_args import split_overrides
 from pretrain.config import ConfigError, finalize, load_recipe, to_yaml
 from pretrain.preemption import REQUEUE_EXIT
 

@@ -1,4 +1,14 @@
-"""`make preprocess ... LAUNCHER=slurm`: the preprocessing stages as CPU jobs on SLURM.
+"""`make preprocess`: the preprocessing pipeline, here or as CPU jobs on SLURM (LAUNCHER=slurm).
+
+    make preprocess RECIPE=gpt-tiny                       # the recipe's data.preprocess config
+    make preprocess PREPROCESS=demo OVERRIDES='dedup.shards=8' [LAUNCHER=slurm] [DRY_RUN=1]
+    python -m launch.preprocess [--config NAME|FILE.yaml] [key=value ...]
+
+The config is --config, else PREPROCESS (preprocessing/conf/<name>.yaml), else RECIPE's
+`data.preprocess`; OVERRIDES (or the command line's key=value) are Hydra overrides of that
+preprocessing config. LAUNCHER=local (default) runs every stage in this process
+(preprocessing/pipeline.py); LAUNCHER=slurm submits each stage of the config's `stages`
+as a job chained with afterok, a sharded stage as a job array:
 
     prepare (fetch, normalise, exact dedup)          one job
     signatures  (MinHash, dedup.shards tasks)        job array, afterok: prepare
@@ -8,22 +18,32 @@
 
 Everything goes under `<work_dir>/slurm/`: the resolved config every job reads
 (`preprocess.yaml`), one script per stage, `logs/<stage>-<job>[_<task>].out`. The jobs run
-the same `run_stage` as a local run (preprocessing/pipeline.py), so the output is the same
-bytes, and resubmitting skips every finished stage and shard. A failed task cancels the jobs
-that depend on it (--kill-on-invalid-dep); resubmit after fixing.
+the same stage code as a local run, so the output is the same bytes, and resubmitting skips
+every finished stage and shard. A failed task cancels the jobs that depend on it
+(--kill-on-invalid-dep); resubmit after fixing. DRY_RUN=1 prints the resolved config and
+what would run (the scripts, for SLURM) and changes nothing.
 """
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
 from pathlib import Path
+from typing import List, Optional
 
 from omegaconf import OmegaConf
 
+from common.cli import env_flag, split_overrides
+from common.config import ConfigError
+from common.slurm_values import sbatch_problems
 from launch.slurm import sbatch, template
-from preprocessing.pipeline import STAGES, stage_shards
+from preprocessing.cli import cli_main, load_config
+from preprocessing.config import PreprocessConfig
+from preprocessing.pipeline import problems, run_pipeline, stage_shards, stages_of
 from pretrain import REPO_ROOT
-from pretrain.config import ConfigError
-from pretrain.config.validate import sbatch_problems
+
+LAUNCHERS = ("local", "slurm")
 
 
 def slurm_dir(cfg) -> Path:
@@ -32,7 +52,7 @@ def slurm_dir(cfg) -> Path:
 
 
 def stages_to_submit(cfg) -> list[str]:
-    return [s for s in STAGES if s != "signatures" or cfg.dedup.enabled]
+    return [stage.name for stage in stages_of(cfg)]
 
 
 def render_stage(cfg, stage: str, config: Path) -> str:
@@ -42,11 +62,10 @@ def render_stage(cfg, stage: str, config: Path) -> str:
 
 
 def check(cfg) -> None:
-    problems = sbatch_problems("slurm", cfg.slurm, {"name": cfg.name})
-    problems += [f"{key}={n} must be >= 1" for key, n in (("dedup.shards", cfg.dedup.shards),
-                                                           ("tokenize.shards", cfg.tokenize.shards)) if n < 1]
-    if problems:
-        raise ConfigError(problems, source=f"preprocessing config {cfg.name!r}")
+    """The pipeline's own checks plus the values that become #SBATCH lines."""
+    found = problems(cfg) + sbatch_problems("slurm", cfg.slurm, {"name": cfg.name})
+    if found:
+        raise ConfigError(found, source=f"preprocessing config {cfg.name!r}")
 
 
 def submit_pipeline(cfg) -> int:
@@ -64,7 +83,7 @@ def submit_pipeline(cfg) -> int:
         shards = stage_shards(cfg, stage)
         print(f">> {stage:<10} job {job}" + (f" (array of {shards})" if shards else "")
               + f"  log {root / 'logs' / (stage + ('-' + job + '_<task>' if shards else '-' + job))}.out")
-    print(f">> config: {config}\n>> output: {cfg.output_dir} (blend.json when the merge job finishes)\n"
+    print(f">> config: {config}\n>> output: {cfg.output_dir} (blend.json when the last job finishes)\n"
           f">> status: squeue -j {','.join(ids.values())}   cancel: scancel {' '.join(ids.values())}", flush=True)
     print(f"JOB_IDS={','.join(ids.values())}\nJOB_ID={list(ids.values())[-1]}", flush=True)
     return 0
@@ -77,3 +96,51 @@ def dry_run(cfg) -> str:
     return "\n".join(f"# {config.parent / (stage + '.sbatch')}\n{render_stage(cfg, stage, config)}"
                      for stage in stages_to_submit(cfg))
 
+
+def dry_run_local(cfg) -> str:
+    """What a local run would do, for DRY_RUN=1 with LAUNCHER=local."""
+    plan = [f"#   {stage.name}" + (f" ({n} shards, one after another)" if n > 1 else "")
+            for stage, n in ((stage, stage.shards(cfg) or 1) for stage in stages_of(cfg))]
+    return "\n".join([f"# LAUNCHER=local: these stages would run here, in order, into {cfg.output_dir}", *plan])
+
+
+def config_name(args: argparse.Namespace) -> str:
+    """--config, else $PREPROCESS_CONFIG (make's PREPROCESS), else the data.preprocess of $RECIPE (gpt-tiny)."""
+    if args.config or os.environ.get("PREPROCESS_CONFIG"):
+        return args.config or os.environ["PREPROCESS_CONFIG"]
+    from pretrain.config import load_recipe  # the recipe stack only when a recipe names the config
+    return load_recipe(os.environ.get("RECIPE") or "gpt-tiny").data.preprocess
+
+
+def load(argv: Optional[List[str]] = None) -> PreprocessConfig:
+    parser = argparse.ArgumentParser(prog="python -m launch.preprocess", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=None, help="preprocessing/conf/<name>.yaml, or a resolved YAML file")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the preprocessing config; default $OVERRIDES")
+    args = parser.parse_args(argv)
+    return load_config(config_name(args), args.overrides or split_overrides(os.environ.get("OVERRIDES", "")))
+
+
+@cli_main
+def main(argv: Optional[List[str]] = None) -> int:
+    launcher = os.environ.get("LAUNCHER") or "local"
+    if launcher not in LAUNCHERS:
+        raise ConfigError([f"LAUNCHER={launcher!r} is not one of {list(LAUNCHERS)}. Fix: LAUNCHER=local (this "
+                           "machine) or LAUNCHER=slurm (sbatch the stages)."], source="make preprocess")
+    cfg = load(argv)
+    if env_flag("DRY_RUN"):
+        plan = dry_run(cfg) if launcher == "slurm" else dry_run_local(cfg)      # both check the config first
+        print(f"# resolved preprocessing config {cfg.name!r}\n{OmegaConf.to_yaml(OmegaConf.structured(cfg))}\n{plan}")
+        return 0
+    if launcher == "slurm":
+        try:
+            return submit_pipeline(cfg)
+        except RuntimeError as err:          # sbatch refused a job: its message says why
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    print(json.dumps(run_pipeline(cfg)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,15 +17,15 @@ from typing import Callable, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
-from pretrain.cli_args import split_overrides
-from pretrain.config import ConfigError
-from pretrain.config.compose import compose_dir
+from common import registry
+from common.cli import split_overrides
+from common.config import ConfigError, compose_dir
 
-from . import config as _schema  # noqa: F401  (registers preprocess_schema)
-from .config import PreprocessConfig
+from .config import PreprocessConfig  # importing it registers `preprocess_schema` with Hydra
 from .records import BadInputError
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
+FIELDS_HINT = "check the key's spelling and type; preprocessing/config.py documents every field."
 
 
 def cli_main(fn):
@@ -40,30 +40,42 @@ def cli_main(fn):
     return wrapper
 
 
+def import_modules(cfg: PreprocessConfig, source: str) -> PreprocessConfig:
+    """Import the config's `imports`, so the filters and stages they register can be named."""
+    registry.import_modules(cfg.imports, source)
+    return cfg
+
+
 def load_config(name: str, overrides: List[str] = ()) -> PreprocessConfig:
-    """preprocessing/conf/<name>.yaml, or a resolved YAML file (as launch/preprocess.py writes)."""
+    """preprocessing/conf/<name>.yaml, or a resolved YAML file (as launch/preprocess.py writes), with
+    Hydra overrides; then the modules of its `imports` are imported."""
     if name.endswith((".yaml", ".yml")) and Path(name).is_file():
         try:
             cfg = OmegaConf.merge(OmegaConf.structured(PreprocessConfig), OmegaConf.load(name),
                                   OmegaConf.from_dotlist(list(overrides)))
-            return OmegaConf.to_object(cfg)
+            return import_modules(OmegaConf.to_object(cfg), name)
+        except ConfigError:
+            raise
         except Exception as err:
             raise ConfigError([str(err)], source=name) from None
     if not (CONF_DIR / f"{name}.yaml").exists():
         names = sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
-        raise ConfigError([f"no preprocessing config {name!r}; available: {names}"], source="preprocessing/conf")
-    cfg = compose_dir(CONF_DIR, name, overrides, source=f"preprocessing/conf/{name}.yaml")
+        raise ConfigError([f"no preprocessing config {name!r}; available: {names}. Fix: PREPROCESS=<one of those>, "
+                           "or add preprocessing/conf/<name>.yaml."], source="preprocessing/conf")
+    source = f"preprocessing/conf/{name}.yaml"
+    cfg = compose_dir(CONF_DIR, name, overrides, source=source, hint=FIELDS_HINT)
     try:
-        return OmegaConf.to_object(cfg)
+        loaded = OmegaConf.to_object(cfg)
     except Exception as err:  # MissingMandatoryValue, validation errors
-        raise ConfigError([str(err)], source=f"preprocessing/conf/{name}.yaml") from None
+        raise ConfigError([str(err)], source=source) from None
+    return import_modules(loaded, source)
 
 
 def stage_args(stage: str, argv: Optional[List[str]] = None,
-               extra: Optional[Callable[[argparse.ArgumentParser], object]] = None, recipe_fallback: bool = False
+               extra: Optional[Callable[[argparse.ArgumentParser], object]] = None
                ) -> Tuple[argparse.Namespace, PreprocessConfig]:
-    """Parse a stage's flags and load its config. `recipe_fallback` (the pipeline): without --config or
-    PREPROCESS_CONFIG, the config is the RECIPE's `data.preprocess` and OVERRIDES are the recipe's."""
+    """Parse a stage's flags and load its config: --config, else $PREPROCESS_CONFIG, else `default`;
+    overrides from the command line, else $OVERRIDES (overrides of this preprocessing config)."""
     parser = argparse.ArgumentParser(prog=f"python -m preprocessing.{stage}")
     parser.add_argument("--config", default=os.environ.get("PREPROCESS_CONFIG") or "default",
                         help="preprocessing/conf/<name>.yaml, or a resolved YAML file")
@@ -73,11 +85,7 @@ def stage_args(stage: str, argv: Optional[List[str]] = None,
     if extra:
         extra(parser)
     args, overrides = parser.parse_known_args(argv)
-    env_overrides = split_overrides(os.environ.get("OVERRIDES", ""))
-    if recipe_fallback and args.config == "default" and os.environ.get("RECIPE"):
-        from pretrain.config import load_recipe
-        args.config, env_overrides = load_recipe(os.environ["RECIPE"], env_overrides).data.preprocess, []
-    cfg = load_config(args.config, overrides or env_overrides)
+    cfg = load_config(args.config, overrides or split_overrides(os.environ.get("OVERRIDES", "")))
     if args.input:
         cfg.input.paths = list(args.input)
     return args, cfg

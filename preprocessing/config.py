@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from pretrain.config.schema import TokenizerConfig, doc
+from common.config import doc
+
+STAGE_NAMES = ("prepare", "signatures", "cluster", "tokenize", "merge")
 
 
 @dataclass
@@ -39,7 +41,8 @@ class DedupConfig:
     threshold: float = doc(0.8, "Jaccard similarity from which two documents are duplicates.")
     seed: int = doc(1, "MinHash seed (same seed, same result).")
     verify: bool = doc(True, "Keep an LSH candidate pair only if its estimated Jaccard >= threshold.")
-    false_negative_weight: float = doc(0.8, "Weight of missed pairs vs false candidates when datasketch picks bands x rows.")
+    false_negative_weight: float = doc(0.8, "Weight of missed pairs vs false candidates when datasketch picks "
+                                            "bands x rows.")
     shards: int = doc(4, "Signature shards (one SLURM array task each).")
     workers: int = doc(2, "Local worker processes for signatures.")
     lowercase: bool = doc(True, "Lowercase words before shingling.")
@@ -47,7 +50,11 @@ class DedupConfig:
 
 @dataclass
 class FilterConfig:
-    enabled: bool = doc(True, "Run the Gopher-style quality filters.")
+    enabled: bool = doc(True, "Run the quality filters of `names`.")
+    names: List[str] = doc(None, "Registered filters applied in order (preprocessing.filters.register_filter); "
+                                 "a document is dropped by the first rule it fails.", factory=lambda: ["gopher"])
+    params: Dict[str, Any] = doc(None, "Settings of filters registered outside the project, read by their factories "
+                                       "(e.g. +filters.params.max_digits=0.2).", factory=dict)
     min_words: int = doc(50, "Drop documents with fewer words.")
     max_words: int = doc(100_000, "Drop documents with more words.")
     min_mean_word_length: float = doc(3.0, "Drop documents whose mean word length is below this.")
@@ -71,6 +78,14 @@ class SplitConfig:
     valid_fraction: float = doc(0.02, "Documents held out for validation (by document id hash).")
     test_fraction: float = doc(0.02, "Documents held out for test (by document id hash).")
     seed: int = doc(0, "Salt of the split hash.")
+
+
+@dataclass
+class TokenizerConfig:
+    """The data's tokenizer; the recipe's `data.tokenizer` is this section too."""
+    type: str = doc("gpt2", "'gpt2' (vocab.json+merges.txt dir), 'hf' (tokenizer dir/json) or "
+                            "'sentencepiece' (.model).")
+    path: Optional[str] = doc(None, "Tokenizer file or directory; null only for plans and mock data.")
 
 
 @dataclass
@@ -122,6 +137,10 @@ class PreprocessConfig:
     slurm: SlurmJobConfig = doc(None, "Jobs of LAUNCHER=slurm.", factory=SlurmJobConfig)
     fetch: List[str] = doc(None, "Registry data to fetch first: 'shakespeare', 'gpt2-tokenizer', 'llama-sp-tokenizer'.",
                            factory=list)
+    stages: List[str] = doc(None, "Registered stages run in order (preprocessing.stages.register_stage); each is one "
+                                  "SLURM job or job array under LAUNCHER=slurm.", factory=lambda: list(STAGE_NAMES))
+    imports: List[str] = doc(None, "Python modules imported before the config is checked, so the filters and stages "
+                                   "they register can be named here (also in SLURM jobs).", factory=list)
 
 
 ConfigStore.instance().store(name="preprocess_schema", node=PreprocessConfig)

@@ -8,13 +8,13 @@ Writes `<out>/kept.jsonl` (input records unchanged, input order) and `<out>/remo
 `jaccard`: estimated similarity to that document).
 
 Two separable steps, so a SLURM array computes signatures shard by shard and one job
-clusters (launch/ submits exactly this; README "Dedup on a cluster"):
+clusters (launch/ submits exactly this; docs/preprocessing.md):
     python -m preprocessing.dedup ... --step signatures --shard K   # one task per K < dedup.shards
     python -m preprocessing.dedup ... --step cluster                # after all shards
 
 LSH banding: datasketch picks b bands of r rows minimising false positive + negative
 mass for the threshold; a pair of Jaccard s becomes a candidate with probability
-1 - (1 - s^r)^b (the S-curve, printed in the summary and documented in README).
+1 - (1 - s^r)^b (the S-curve, printed in the summary and documented in docs/preprocessing.md).
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ import numpy as np
 from datasketch import LeanMinHash, MinHash, MinHashLSH
 from tqdm import tqdm
 
-from .cli import cli_main
+from .cli import cli_main, stage_args
 from .config import DedupConfig, InputConfig
+from .markers import Marker, fingerprint, print_summary
 from .normalize import ExactDedup
 from .records import BadInput, read_documents, write_jsonl
-from .stage import Marker, fingerprint, print_summary
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -108,7 +108,7 @@ def load_signatures(out: Path, cfg: DedupConfig) -> Tuple[Dict[int, np.ndarray],
                                     f"(dedup.shards={cfg.shards})")
         with np.load(path) as data:
             scheme = str(data["scheme"])
-            for i, hv in zip(data["index"], data["hashvalues"]):
+            for i, hv in zip(data["index"], data["hashvalues"], strict=True):
                 sigs[int(i)] = hv
     return sigs, scheme
 
@@ -209,7 +209,6 @@ def run_dedup(inp: InputConfig, cfg: DedupConfig, out: Path, step: str = "all", 
 
 @cli_main
 def main(argv: List[str] | None = None) -> int:
-    from .cli import stage_args
     args, cfg = stage_args("dedup", argv, extra=lambda p: (
         p.add_argument("--step", choices=["all", "signatures", "cluster"], default="all"),
         p.add_argument("--shard", type=int, default=None, help="signature shard (SLURM_ARRAY_TASK_ID)")))

@@ -1,19 +1,66 @@
-"""Stage 3: Gopher quality filters (Rae et al. 2021, "Scaling Language Models", App. A).
+"""Stage 3: quality filters, registered by name; `filters.names` picks them, in order.
 
-Each rule is a named check; a document is dropped by the first rule it fails and that
-rule's counter goes up, so the summary says exactly why each document went.
+A filter is a factory: given the `filters` config section it returns its rules, each a
+(name, passes) pair. A document is dropped by the first rule it fails and that rule's
+counter goes up, so the summary says exactly why each document went. Built in: `gopher`
+(Rae et al. 2021, "Scaling Language Models", App. A). A filter defined anywhere registers
+itself and is then named in the config, no project file changed:
+
+    from preprocessing.filters import register_filter
+
+    @register_filter("max_digits")
+    def max_digits(cfg):
+        limit = cfg.params.get("max_digit_fraction", 0.2)
+        return [("too_many_digits", lambda d: sum(c.isdigit() for c in d.text) <= limit * len(d.text))]
+
+    # preprocessing config: imports: [my_filters]   filters.names: [gopher, max_digits]
 """
 from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from common.config import ConfigError
+from common.registry import Registry
 
 from .config import FilterConfig
 
 STOP_WORDS = frozenset(["the", "be", "to", "of", "and", "that", "have", "with"])
 _WORD = re.compile(r"\S+")
 _BULLETS = ("•", "*", "-", "‣", "◦", "·")
+
+
+@dataclass(frozen=True)
+class FilterDoc:
+    """What a rule sees: the text, its whitespace-separated words, its non-blank lines, the input record."""
+    text: str
+    words: List[str]
+    lines: List[str]
+    record: Dict[str, Any]
+
+    @classmethod
+    def of(cls, text: str, record: Optional[Dict[str, Any]] = None) -> FilterDoc:
+        return cls(text, _WORD.findall(text), [x for x in text.split("\n") if x.strip()], record or {})
+
+
+Rule = Tuple[str, Callable[[FilterDoc], bool]]          # (name, passes(doc)): False drops the document
+FilterFactory = Callable[[FilterConfig], Sequence[Rule]]
+
+FILTERS: Registry[FilterFactory] = Registry("quality filter", "filters.names")
+
+
+def register_filter(name: str) -> Callable[[FilterFactory], FilterFactory]:
+    """Decorator: register a filter factory `(filters config) -> [(rule name, passes(FilterDoc)), ...]`."""
+    return FILTERS.register(name)
+
+
+def filter_problems(cfg: FilterConfig) -> List[str]:
+    """Names in `filters.names` that no filter is registered under, with the fix."""
+    return [f"filters.names: {name!r} is not a registered quality filter. Registered: {list(FILTERS.names())}. Fix: "
+            f"pick one of those, or register one with @preprocessing.filters.register_filter({name!r}) in a module "
+            "listed in the config's `imports`." for name in cfg.names if name not in FILTERS]
 
 
 def _ngram_stats(words: List[str], n: int) -> Tuple[float, float]:
@@ -30,58 +77,69 @@ def _ngram_stats(words: List[str], n: int) -> Tuple[float, float]:
         if counts[g] > 1:
             for j in range(i, i + n):
                 covered[j] = True
-    dup_frac = sum(len(w) for w, c in zip(words, covered) if c) / total
+    dup_frac = sum(len(w) for w, c in zip(words, covered, strict=True) if c) / total
     return top_frac, dup_frac
 
 
-def rules(cfg: FilterConfig) -> List[Tuple[str, Callable[[str, List[str], List[str]], bool]]]:
-    """(name, passes(text, words, lines)) in the order they are applied."""
-    def mean_len(words):
-        return sum(len(w) for w in words) / max(1, len(words))
+def _mean_len(words: List[str]) -> float:
+    return sum(len(w) for w in words) / max(1, len(words))
 
-    def dup_lines(lines):
-        seen, dup, dup_chars = set(), 0, 0
-        for line in lines:
-            if line in seen:
-                dup += 1
-                dup_chars += len(line)
-            seen.add(line)
-        return dup / max(1, len(lines)), dup_chars / max(1, sum(len(x) for x in lines))
 
-    out = [
-        ("too_few_words", lambda t, w, ls: len(w) >= cfg.min_words),
-        ("too_many_words", lambda t, w, ls: len(w) <= cfg.max_words),
-        ("mean_word_length", lambda t, w, ls: cfg.min_mean_word_length <= mean_len(w) <= cfg.max_mean_word_length),
-        ("symbol_word_ratio", lambda t, w, ls: (t.count("#") + t.count("...") + t.count("…")) / max(1, len(w))
+def _dup_lines(lines: List[str]) -> Tuple[float, float]:
+    """(fraction of lines repeating an earlier line, fraction of characters in them)."""
+    seen, dup, dup_chars = set(), 0, 0
+    for line in lines:
+        if line in seen:
+            dup += 1
+            dup_chars += len(line)
+        seen.add(line)
+    return dup / max(1, len(lines)), dup_chars / max(1, sum(len(x) for x in lines))
+
+
+@register_filter("gopher")
+def gopher(cfg: FilterConfig) -> List[Rule]:
+    """Gopher's rules with the thresholds of the `filters` section, in the order they are applied."""
+    def frac(count: int, of: list) -> float:
+        return count / max(1, len(of))
+
+    out: List[Rule] = [
+        ("too_few_words", lambda d: len(d.words) >= cfg.min_words),
+        ("too_many_words", lambda d: len(d.words) <= cfg.max_words),
+        ("mean_word_length", lambda d: cfg.min_mean_word_length <= _mean_len(d.words) <= cfg.max_mean_word_length),
+        ("symbol_word_ratio", lambda d: frac(d.text.count("#") + d.text.count("...") + d.text.count("…"), d.words)
          <= cfg.max_symbol_word_ratio),
-        ("alpha_words", lambda t, w, ls: sum(any(c.isalpha() for c in x) for x in w) / max(1, len(w))
+        ("alpha_words", lambda d: frac(sum(any(c.isalpha() for c in x) for x in d.words), d.words)
          >= cfg.min_alpha_word_fraction),
-        ("stop_words", lambda t, w, ls: len({x.lower().strip(".,;:!?'\"") for x in w} & STOP_WORDS)
+        ("stop_words", lambda d: len({x.lower().strip(".,;:!?'\"") for x in d.words} & STOP_WORDS)
          >= cfg.min_stop_words),
-        ("bullet_lines", lambda t, w, ls: sum(x.lstrip().startswith(_BULLETS) for x in ls) / max(1, len(ls))
+        ("bullet_lines", lambda d: frac(sum(x.lstrip().startswith(_BULLETS) for x in d.lines), d.lines)
          <= cfg.max_bullet_line_fraction),
-        ("ellipsis_lines", lambda t, w, ls: sum(x.rstrip().endswith(("...", "…")) for x in ls) / max(1, len(ls))
+        ("ellipsis_lines", lambda d: frac(sum(x.rstrip().endswith(("...", "…")) for x in d.lines), d.lines)
          <= cfg.max_ellipsis_line_fraction),
-        ("duplicate_lines", lambda t, w, ls: dup_lines(ls)[0] <= cfg.max_dup_line_fraction),
-        ("duplicate_line_chars", lambda t, w, ls: dup_lines(ls)[1] <= cfg.max_dup_line_char_fraction),
+        ("duplicate_lines", lambda d: _dup_lines(d.lines)[0] <= cfg.max_dup_line_fraction),
+        ("duplicate_line_chars", lambda d: _dup_lines(d.lines)[1] <= cfg.max_dup_line_char_fraction),
     ]
     for n, limit in sorted(cfg.max_top_ngram_char_fraction.items(), key=lambda kv: int(kv[0])):
-        out.append((f"top_{n}gram", lambda t, w, ls, n=int(n), limit=limit: _ngram_stats(w, n)[0] <= limit))
+        out.append((f"top_{n}gram", lambda d, n=int(n), limit=limit: _ngram_stats(d.words, n)[0] <= limit))
     for n, limit in sorted(cfg.max_dup_ngram_char_fraction.items(), key=lambda kv: int(kv[0])):
-        out.append((f"duplicate_{n}grams", lambda t, w, ls, n=int(n), limit=limit: _ngram_stats(w, n)[1] <= limit))
+        out.append((f"duplicate_{n}grams", lambda d, n=int(n), limit=limit: _ngram_stats(d.words, n)[1] <= limit))
     return out
 
 
 class QualityFilter:
+    """The rules of every filter in `cfg.names`, in order; `dropped` counts documents per rule."""
+
     def __init__(self, cfg: FilterConfig):
-        self.rules = rules(cfg)
+        problems = filter_problems(cfg)
+        if problems:
+            raise ConfigError(problems, source="filters")
+        self.rules: List[Rule] = [rule for name in cfg.names for rule in FILTERS.get(name)(cfg)]
         self.dropped: Dict[str, int] = Counter()
 
-    def reject_reason(self, text: str) -> Optional[str]:
-        words = _WORD.findall(text)
-        lines = [x for x in text.split("\n") if x.strip()]
+    def reject_reason(self, text: str, record: Optional[Dict[str, Any]] = None) -> Optional[str]:
+        doc = FilterDoc.of(text, record)
         for name, passes in self.rules:
-            if not passes(text, words, lines):
+            if not passes(doc):
                 self.dropped[name] += 1
                 return name
         return None

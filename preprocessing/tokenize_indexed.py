@@ -20,14 +20,15 @@ from pathlib import Path
 from typing import List, Tuple
 
 import numpy as np
-from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 from tqdm import tqdm
 
-from .cli import cli_main
+from common.digest import file_digest
+
+from .cli import cli_main, stage_args
 from .config import InputConfig, TokenizeConfig
+from .markers import Marker, fingerprint, print_summary
 from .records import BadInput, read_documents
-from .stage import Marker, fingerprint, print_summary
-from .tokenizer_io import describe, file_digest, load_tokenizer
+from .tokenizer_io import describe, load_tokenizer
 
 
 def batched(iterable, n: int):
@@ -46,6 +47,7 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
     done = marker.done()
     if done:
         return done
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # torch: only when writing
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
     tmp = prefix.with_name(prefix.name + ".tmp")
     builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=dtype)
@@ -88,11 +90,12 @@ def merge_indexed(parts: List[Path], prefix: str | Path) -> dict:
         if not Path(f"{part}.idx").exists():
             raise FileNotFoundError(f"{part}.idx missing: its tokenize shard has not finished")
         sidecars.append(json.loads(Path(f"{part}.json").read_text()))
-    marker = Marker(prefix.parent, prefix.name, fingerprint([str(p) for p in parts],
-                                                            [Path(f"{p}.{ext}") for p in parts for ext in ("bin", "idx")]))
+    files = [Path(f"{p}.{ext}") for p in parts for ext in ("bin", "idx")]
+    marker = Marker(prefix.parent, prefix.name, fingerprint([str(p) for p in parts], files))
     done = marker.done()
     if done:
         return done
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # torch: only when writing
     dtype = np.dtype(sidecars[0]["dtype"]).type
     tmp = prefix.with_name(prefix.name + ".tmp")
     builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=dtype)
@@ -111,7 +114,6 @@ def merge_indexed(parts: List[Path], prefix: str | Path) -> dict:
 
 @cli_main
 def main(argv: List[str] | None = None) -> int:
-    from .cli import stage_args
     args, cfg = stage_args("tokenize_indexed", argv)
     if not args.output or not (args.tokenizer or cfg.tokenizer.path):
         print("need --output PREFIX and --tokenizer PATH (make tokenize INPUT=... TOKENIZER=... OUTPUT=...)",

@@ -11,11 +11,13 @@ transformers) and vocab.json + merges.txt (loadable by Megatron-LM's GPT2BPEToke
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Iterable, List, Optional
+
+from common.digest import file_digest
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 
@@ -115,7 +117,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=True)
     tok.train_from_iterator(texts, trainer=trainer)
     out = Path(out_dir)
@@ -125,18 +128,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir
     result.save(tmp)
     tok.model.save(str(tmp))            # vocab.json + merges.txt (GPT-2 format)
     if out.exists():
-        import shutil
         shutil.rmtree(out)
     os.replace(tmp, out)
     return result
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def describe(tok) -> dict:

@@ -1,10 +1,12 @@
 """Every bad-input reason is counted with file:line, and no good document is lost."""
 import gzip
 import json
+import subprocess
 
 import pytest
 
 from preprocessing.records import BadInput, BadInputError, read_documents
+from tests.conftest import PY, REPO
 
 GOOD = [{"id": "a", "text": "good one"}, {"id": "b", "text": "good two"}]
 
@@ -68,10 +70,8 @@ def test_too_much_bad_input_fails_with_a_clear_message(tmp_path):
         bad.check(0.1, "test")
 
 
+@pytest.mark.slow
 def test_pipeline_stage_cli_reports_bad_lines(tmp_path):
-    import subprocess
-
-    from tests.conftest import PY, REPO
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"\n".join(lines_with_bad_input()) + b"\n")
     res = subprocess.run([PY, "-m", "preprocessing.dedup", "--input", str(path), "--output", str(tmp_path / "o"),

@@ -13,6 +13,7 @@ from preprocessing.tokenizer_io import load_tokenizer
 from tests.conftest import REPO
 
 
+@pytest.mark.slow
 def test_demo_pipeline_output_opens_and_every_document_matches(demo_data):
     blend = json.loads((demo_data / "blend.json").read_text())
     tok = load_tokenizer("hf", demo_data / "tokenizer")
@@ -69,6 +70,7 @@ def test_large_vocab_uses_int32():
     assert DType.optimal_dtype(128256) == np.int32 and DType.optimal_dtype(50257) == np.uint16
 
 
+@pytest.mark.slow
 def test_make_tokenize_and_make_dedup_interfaces(tmp_path):
     docs = tmp_path / "docs with space.jsonl"
     docs.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i} " * 20}) + "\n" for i in range(5))
@@ -81,8 +83,9 @@ def test_make_tokenize_and_make_dedup_interfaces(tmp_path):
     assert removed == [{"id": "copy", "duplicate_of": "d0", "method": "exact", "jaccard": 1.0}]
     assert [json.loads(x)["id"] for x in (out / "kept.jsonl").read_text().splitlines()] == [f"d{i}" for i in range(5)]
     prefix = tmp_path / "tok" / "docs"
-    res = subprocess.run(["make", "-s", "tokenize", f"INPUT={out / 'kept.jsonl'}", f"TOKENIZER={fetch('gpt2-tokenizer')}",
-                          f"OUTPUT={prefix}"], cwd=REPO, capture_output=True, text=True)
+    res = subprocess.run(["make", "-s", "tokenize", f"INPUT={out / 'kept.jsonl'}",
+                          f"TOKENIZER={fetch('gpt2-tokenizer')}", f"OUTPUT={prefix}"], cwd=REPO, capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     ds = IndexedDataset(str(prefix))
     assert len(ds) == 5

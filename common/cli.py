@@ -1,10 +1,13 @@
 """Shared command-line handling: `RECIPE [overrides...]`, or RECIPE/OVERRIDES from the
 environment (how the Makefile passes them: never through shell text, so quotes, spaces
-and `$(...)` inside overrides arrive unchanged and are never executed)."""
+and `$(...)` inside overrides arrive unchanged and are never executed), and the one parser
+of on/off environment flags (DRY_RUN, JSON)."""
 from __future__ import annotations
 
 import argparse
 import os
+
+OFF = ("", "0", "false", "no", "off")
 
 
 def split_overrides(text: str) -> list[str]:
@@ -48,4 +51,6 @@ def recipe_and_overrides(args: argparse.Namespace) -> tuple[str, list[str]]:
 
 
 def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+    """An on/off environment variable: unset, '', 0, false, no, off (any case) are off; anything else is on."""
+    return os.environ.get(name, "").strip().lower() not in OFF
+

@@ -1,4 +1,4 @@
-"""Resumable stages and their summaries.
+"""Stage markers (resumability) and summaries.
 
 A stage (or one shard of it) is done when its marker exists with the same fingerprint:
 the stage's config plus the size and mtime of its inputs. A finished shard is never

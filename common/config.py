@@ -1,0 +1,46 @@
+"""Config building blocks shared by the recipe schema (pretrain/config) and the preprocessing
+config (preprocessing/config.py): documented dataclass fields, the one error type for a config
+that cannot run, and Hydra composition of a config directory."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import field
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+DESCRIBE_HINT = "check the key's spelling and type; `python -m pretrain.config --describe` lists every field."
+
+
+def doc(default: Any, text: str, *, factory: Any = None) -> Any:
+    """A dataclass field with its one-line documentation."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message lists every problem with its fix."""
+
+    def __init__(self, problems: list[str], source: str = "config"):
+        self.problems, self.source = problems, source
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
+
+
+def compose_dir(config_dir, name: str, overrides: Iterable[str] = (), source: str = "",
+                hint: str = DESCRIBE_HINT) -> DictConfig:
+    """Hydra composition of <config_dir>/<name>.yaml; errors become ConfigError naming the file and `hint`."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            return compose(config_name=name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError([f"{err}".strip() + f"\n    Fix: {hint}"],
+                          source=source or f"{config_dir}/{name}.yaml") from None
+    finally:
+        GlobalHydra.instance().clear()

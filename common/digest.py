@@ -1,0 +1,14 @@
+"""Content digests of files (tokenizer files, data sources, checkpoint manifests)."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+
+def file_digest(path: Path | str) -> str:
+    """sha256 hex digest of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

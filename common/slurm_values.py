@@ -1,0 +1,21 @@
+"""Checks of values that end up in an sbatch script, shared by the training launch (the recipe's
+`cluster` section) and the preprocessing jobs (the preprocessing config's `slurm` section)."""
+from __future__ import annotations
+
+import re
+
+SBATCH_FIELDS = ("partition", "account", "qos", "mem", "time", "constraint")
+
+
+def sbatch_problems(section: str, sc, extra: dict | None = None) -> list[str]:
+    """Values that become #SBATCH directives (sbatch parses those lines itself, strips the quotes we
+    put around each value and never runs a shell on them; a newline would start a new script line,
+    a double quote would end the value early) and env keys that become `export KEY=...` lines.
+    `sc` is a cluster-like section (cluster, or preprocessing's slurm)."""
+    values = {**(extra or {}), **{f"{section}.{k}": getattr(sc, k) for k in SBATCH_FIELDS},
+              **{f"{section}.exclude[{i}]": h for i, h in enumerate(sc.exclude)}}
+    problems = [f"{key}={value!r} holds a double quote, backslash or line break, which an #SBATCH line cannot "
+                "carry. Fix: remove it." for key, value in values.items()
+                if value is not None and any(ch in str(value) for ch in '"\n\r\\')]
+    return problems + [f"{section}.env key {key!r} is not a shell variable name (letters, digits, _; not starting "
+                       "with a digit)." for key in sc.env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key))]

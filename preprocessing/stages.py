@@ -1,0 +1,244 @@
+"""The pipeline's stages, registered by name; the config's `stages` list runs them in order.
+
+A stage is one unit of scheduling: one process locally, one SLURM job (or a job array of
+`shards(cfg)` tasks) under LAUNCHER=slurm (launch/preprocess.py). Stages hand over files
+in `work_dir`/`output_dir`, and each is resumable (a finished stage or shard with the same
+inputs and settings is skipped). Built in:
+
+    prepare     fetch, normalise + exact dedup              -> normalized.jsonl
+    signatures  MinHash signatures, dedup.shards tasks      -> dedup/signatures/
+    cluster     LSH + union-find, quality filters, splits, tokenizer -> split/<split>.jsonl
+    tokenize    .bin/.idx per split, tokenize.shards tasks  -> <output_dir>/[shards/]
+    merge       shards merged in order, blend.json          -> <output_dir>/blend.json
+
+A new stage is a function `(cfg, shard) -> summary dict` decorated with
+`@register_stage(name, shards=..., enabled=...)` in any module the config `imports`, then
+named in the config's `stages` list.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from tqdm import tqdm
+
+from common.registry import Registry
+
+from .blend import write_blend
+from .config import InputConfig, PreprocessConfig
+from .dedup import run_dedup
+from .fetch import fetch
+from .filters import QualityFilter
+from .markers import Marker, fingerprint, print_summary
+from .normalize import ExactDedup, normalize_text
+from .records import BadInput, read_documents, write_jsonl
+from .tokenize_indexed import merge_indexed, tokenize_to_indexed
+from .tokenizer_io import load_tokenizer, train_bpe
+
+SPLITS = ("train", "valid", "test")
+StageFn = Callable[[PreprocessConfig, Optional[int]], dict]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: StageFn                                                  # (cfg, shard or None for all) -> summary
+    shards: Callable[[PreprocessConfig], Optional[int]]           # array size; None: a single job
+    enabled: Callable[[PreprocessConfig], bool]                   # False: skipped (and not submitted)
+
+
+STAGES: Registry[Stage] = Registry("preprocessing stage", "stages")
+
+
+def register_stage(name: str, *, shards: Optional[Callable[[PreprocessConfig], Optional[int]]] = None,
+                   enabled: Optional[Callable[[PreprocessConfig], bool]] = None) -> Callable[[StageFn], StageFn]:
+    """Decorator: register `fn(cfg, shard) -> summary` as stage `name`. `shards(cfg)`: array size of a
+    sharded stage (fn then runs shard `shard`, or all of them for None); `enabled(cfg)`: whether it runs."""
+    def add(fn: StageFn) -> StageFn:
+        STAGES.register(name, Stage(name, fn, shards or (lambda cfg: None), enabled or (lambda cfg: True)))
+        return fn
+    return add
+
+
+def _settings(obj) -> dict:
+    return json.loads(json.dumps(obj, default=lambda o: vars(o)))
+
+
+def _jsonl_input(cfg: PreprocessConfig, path: Path) -> InputConfig:
+    return InputConfig(paths=[str(path)], format="jsonl", text_field=cfg.input.text_field,
+                       id_field=cfg.input.id_field, max_bad_fraction=0.0)
+
+
+def _needs(path: Path, stage: str) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(f"{path} missing: stage {stage!r} has not finished (python -m preprocessing.pipeline "
+                                f"--stage {stage})")
+    return path
+
+
+def _split_part(cfg: PreprocessConfig, split: str, shard: int) -> Path:
+    n = cfg.tokenize.shards
+    name = f"{split}_text_document"
+    return Path(cfg.output_dir) / name if n == 1 else Path(cfg.output_dir) / "shards" / f"{name}.{shard:05d}-of-{n:05d}"
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 22), b""))
+
+
+def split_of(doc_id: str, valid: float, test: float, seed: int) -> str:
+    """Deterministic split by document id hash (independent of input order)."""
+    u = int(hashlib.sha256(f"{seed}:{doc_id}".encode()).hexdigest()[:12], 16) / 16**12
+    return "valid" if u < valid else "test" if u < valid + test else "train"
+
+
+# ---- the steps ---------------------------------------------------------------------------------
+def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
+    out = work / "normalized.jsonl"
+    inp = cfg.input
+    marker = Marker(work, "normalize", fingerprint([_settings(inp), _settings(cfg.normalize)], inp.paths))
+    if marker.done():
+        return out
+    bad, exact, removed = BadInput(), ExactDedup(), []
+
+    def records():
+        for doc in tqdm(read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field,
+                                       bad=bad), desc="normalize", unit="doc", file=sys.stderr):
+            text = normalize_text(doc.text, cfg.normalize.form) if cfg.normalize.enabled else doc.text
+            first = exact.duplicate_of(doc.id, text) if cfg.normalize.exact_dedup else None
+            if first is not None:
+                removed.append({"id": doc.id, "duplicate_of": first, "method": "exact"})
+                continue
+            yield {**doc.record, inp.text_field: text, inp.id_field: doc.id}
+
+    kept = write_jsonl(out, records())
+    write_jsonl(work / "normalize_removed.jsonl", removed)
+    bad.check(inp.max_bad_fraction, f"inputs {inp.paths}")
+    summary = {"documents in": bad.good, "exact duplicates": len(removed), "kept": kept}
+    print_summary("normalize + exact dedup", summary, dict(bad.counts))
+    marker.mark({**summary, "bad": bad.as_dict()})
+    return out
+
+
+def filter_stage(cfg: PreprocessConfig, src: Path, work: Path) -> Path:
+    out = work / "filtered.jsonl"
+    marker = Marker(work, "filter", fingerprint(_settings(cfg.filters), [src]))
+    if marker.done():
+        return out
+    qf = QualityFilter(cfg.filters) if cfg.filters.enabled else None
+    dropped: List[dict] = []
+    field = cfg.input.text_field
+
+    def records():
+        for line in tqdm(open(src, encoding="utf-8"), desc="filter", unit="doc", file=sys.stderr):
+            rec = json.loads(line)
+            reason = qf.reject_reason(rec[field], rec) if qf else None
+            if reason:
+                dropped.append({"id": rec[cfg.input.id_field], "reason": reason})
+            else:
+                yield rec
+
+    kept = write_jsonl(out, records())
+    write_jsonl(work / "filtered_out.jsonl", dropped)
+    counts = dict(qf.dropped) if qf else {}
+    print_summary("quality filters", {"kept": kept, "dropped": len(dropped)}, counts)
+    marker.mark({"kept": kept, "dropped": counts})
+    return out
+
+
+def split_stage(cfg: PreprocessConfig, src: Path, work: Path) -> Dict[str, Path]:
+    outs = {s: work / "split" / f"{s}.jsonl" for s in SPLITS}
+    marker = Marker(work / "split", "split", fingerprint(_settings(cfg.split), [src]))
+    if marker.done():
+        return outs
+    buckets: Dict[str, List[dict]] = {s: [] for s in SPLITS}
+    for line in open(src, encoding="utf-8"):
+        rec = json.loads(line)
+        buckets[split_of(str(rec[cfg.input.id_field]), cfg.split.valid_fraction, cfg.split.test_fraction,
+                         cfg.split.seed)].append(rec)
+    counts = {s: write_jsonl(outs[s], buckets[s]) for s in SPLITS}
+    empty = [s for s, n in counts.items() if n == 0]
+    if empty:
+        raise RuntimeError(f"split {empty} got no documents from {counts}; raise split.*_fraction")
+    print_summary("splits (by document)", counts)
+    marker.mark(counts)
+    return outs
+
+
+def tokenizer_stage(cfg: PreprocessConfig, train_split: Path):
+    spec = cfg.tokenizer
+    if spec.train:
+        marker = Marker(Path(spec.path).parent, "tokenizer", fingerprint(_settings(spec), [train_split]))
+        if not marker.done():
+            texts = (json.loads(line)[cfg.input.text_field] for line in open(train_split, encoding="utf-8"))
+            tok = train_bpe(texts, spec.vocab_size, spec.min_frequency, spec.path)
+            marker.mark({"vocab_size": tok.vocab_size})
+    return load_tokenizer(spec.type, spec.path, threads=cfg.tokenize.workers)
+
+
+# ---- the built-in stages -----------------------------------------------------------------------
+@register_stage("prepare")
+def prepare(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+    for what in cfg.fetch:
+        fetch(what)
+    normalize_stage(cfg, Path(cfg.work_dir))
+    return {}
+
+
+@register_stage("signatures", shards=lambda cfg: cfg.dedup.shards, enabled=lambda cfg: cfg.dedup.enabled)
+def signatures(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+    work = Path(cfg.work_dir)
+    run_dedup(_jsonl_input(cfg, _needs(work / "normalized.jsonl", "prepare")), cfg.dedup, work / "dedup",
+              "signatures", shard)
+    return {}
+
+
+@register_stage("cluster")
+def cluster(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+    work = Path(cfg.work_dir)
+    deduped = _needs(work / "normalized.jsonl", "prepare")
+    if cfg.dedup.enabled:
+        run_dedup(_jsonl_input(cfg, deduped), cfg.dedup, work / "dedup", "cluster")
+        deduped = work / "dedup" / "kept.jsonl"
+    splits = split_stage(cfg, filter_stage(cfg, deduped, work), work)
+    tokenizer_stage(cfg, splits["train"])
+    return {}
+
+
+@register_stage("tokenize", shards=lambda cfg: cfg.tokenize.shards)
+def tokenize(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+    work = Path(cfg.work_dir)
+    tok = tokenizer_stage(cfg, _needs(work / "split" / "train.jsonl", "cluster"))
+    n = cfg.tokenize.shards
+    for split in SPLITS:
+        path = _needs(work / "split" / f"{split}.jsonl", "cluster")
+        total = count_lines(path)
+        for k in range(n) if shard is None else [shard]:
+            tokenize_to_indexed(_jsonl_input(cfg, path), tok, _split_part(cfg, split, k), cfg.tokenize,
+                                None if n == 1 else (k * total // n, (k + 1) * total // n))
+    return {}
+
+
+@register_stage("merge")
+def merge(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+    work, out = Path(cfg.work_dir), Path(cfg.output_dir)
+    counts = {}
+    for split in SPLITS:
+        prefix = out / f"{split}_text_document"
+        if cfg.tokenize.shards == 1:
+            counts[split] = json.loads(_needs(Path(f"{prefix}.json"), "tokenize").read_text())
+        else:
+            counts[split] = merge_indexed([_split_part(cfg, split, k) for k in range(cfg.tokenize.shards)], prefix)
+    tok = tokenizer_stage(cfg, work / "split" / "train.jsonl")
+    blend = write_blend(out / "blend.json", {s: [(1.0, f"{s}_text_document")] for s in SPLITS},
+                        tokenizer={"type": cfg.tokenizer.type, "path": cfg.tokenizer.path,
+                                   "vocab_size": tok.vocab_size, "eod": tok.eod})
+    print_summary(f"{cfg.name}: tokens per split -> {blend}",
+                  {f"{s} documents / tokens": f"{c['documents']:,} / {c['tokens']:,}" for s, c in counts.items()})
+    keys = ("documents", "tokens", "dtype", "tokens_per_document")
+    return {"blend": str(blend), "splits": {s: {k: c[k] for k in keys} for s, c in counts.items()}}
