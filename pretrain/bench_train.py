@@ -18,12 +18,13 @@ import torch
 
 
 def main() -> int:
-    from .cli_args import split_overrides
+    from common.cli import split_overrides
+
     from .config import load_recipe
     from .data import StepBatches, build_datasets
     from .engines.megatron.engine import MegatronEngine
-    from .engines.megatron.model import build_gpt_model, transformer_config
     from .metrics import Metrics
+    from .model.gpt import build_gpt_model, transformer_config
 
     steps, rounds = int(os.environ.get("BENCH_STEPS", 10)), int(os.environ.get("BENCH_ROUNDS", 3))
     cfg = load_recipe(os.environ.get("RECIPE", "gpt-tiny"),

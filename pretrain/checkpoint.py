@@ -1,7 +1,6 @@
-"""Checkpoints, engine-agnostic: one directory per save, written atomically, `latest` last.
+"""Checkpoints, engine-agnostic: one directory per save, written atomically.
 
     <checkpoint.dir>/
-      latest                 "step_00000100", replaced atomically once that directory is complete
       step_00000100/
         meta.json            step, consumed samples, data-mix state, layout, precision, engine,
                              the resolved config, and the size and sha256 of every file written
@@ -9,8 +8,9 @@
       step_00000200.tmp/     being written: never read, cleared by the next save of that step
 
 Every rank writes its shards into step_N.tmp; after a barrier rank 0 records the file sizes
-and checksums in meta.json, renames step_N.tmp -> step_N and rewrites `latest`. A crash at any
-point leaves `latest` naming the previous complete checkpoint. On resume rank 0 checks sizes
+and checksums in meta.json and renames step_N.tmp -> step_N: a crash at any point leaves only
+complete step_N directories. Resume scans them newest first (no pointer file that could
+disagree with the directories); rank 0 checks sizes
 and checksums (`checkpoint.checksums`), a damaged newest checkpoint is reported and skipped for
 the one before it, and every rank loads the one rank 0 chose. The loop's own
 state (step, consumed samples, data-mix counters) lives in meta.json, readable without torch.
@@ -27,11 +27,10 @@ from typing import Callable, List, Optional
 
 import torch.distributed as dist
 
-from preprocessing.tokenizer_io import file_digest as sha256
+from common.digest import file_digest as sha256
 
 FORMAT = "pretrain-checkpoint/1"
 ENGINE_DIR = "model_optim_rng"
-LATEST = "latest"
 
 
 @dataclass
@@ -80,7 +79,8 @@ def manifest(root: Path, checksums: bool) -> tuple[dict, dict]:
 def read_meta(step_dir: Path) -> dict:
     meta_path = Path(step_dir) / "meta.json"
     if not meta_path.exists():
-        raise FileNotFoundError(f"{step_dir} is not a checkpoint: it has no meta.json. Point checkpoint.load (or CKPT=) "
+        raise FileNotFoundError(f"{step_dir} is not a checkpoint: it has no meta.json. Point checkpoint.load (or "
+                                "CKPT=) "
                                 "at a checkpoint directory (with `latest`) or at one of its step_* directories.")
     meta = json.loads(meta_path.read_text())
     if meta.get("format") != FORMAT:
@@ -171,7 +171,6 @@ class CheckpointStore:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.rename(final)
             _fsync_dir(self.root)
-            _write_atomic(self.root / LATEST, final.name + "\n")
             self._retain()
         _barrier()
         return final

@@ -11,8 +11,9 @@ import os
 import sys
 import time
 
+from common.cli import split_overrides
+
 from .checkpoint import damage, resolve
-from .cli_args import split_overrides
 from .config import ConfigError, config_diff, load_recipe
 
 
@@ -23,18 +24,24 @@ def describe(ckpt_path: str, recipe: str | None, overrides: list[str]) -> str:
     loop = m["loop"]
     size = sum(m["files"].values())
     problem = damage(ck.path, m, checksums=False)      # sizes only: a login node must not read TBs
+    if "zero_stage" in e:
+        sharding = f"ZeRO-{e['zero_stage']}"
+    elif lay["distributed_optimizer"]:
+        sharding = f"distributed optimizer: yes ({e['distrib_optim_sharding_type']})"
+    else:
+        sharding = "distributed optimizer: no"
     lines = [
         f"checkpoint  {ck.path}",
         f"step        {m['step']}   tokens {m['consumed_tokens']:,} ({loop['consumed_samples']:,} samples)   "
         f"saved {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['saved_at']))}",
         f"engine      {e['engine']}   " + ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items() if v),
         f"layout      TP={lay['tp']} PP={lay['pp']} VPP={lay['vpp'] or '-'} CP={lay['cp']} DP={lay['dp']} "
-        f"(world {lay['world_size']}); " + (f"ZeRO-{e['zero_stage']}" if "zero_stage" in e else
-                                             f"distributed optimizer: {'yes (' + e['distrib_optim_sharding_type'] + ')' if lay['distributed_optimizer'] else 'no'}"),
+        f"(world {lay['world_size']}); {sharding}",
         f"precision   {e['precision']}",
         f"recipe      {m['recipe']}",
         f"data        skipped steps {loop['skipped_steps']}" + (f"; mix state {loop['data']}" if loop["data"] else ""),
-        f"files       {len(m['files'])} files, {size / 2**20:.1f} MiB, " + (f"DAMAGED: {problem}" if problem else "intact"),
+        f"files       {len(m['files'])} files, {size / 2**20:.1f} MiB, "
+        + (f"DAMAGED: {problem}" if problem else "intact"),
     ]
     if recipe:
         current = load_recipe(recipe, overrides)

@@ -9,14 +9,21 @@ Index caches go to `data.cache_dir` so a job start does not rebuild them.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Protocol
 
 import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
+from preprocessing.blend import read_blend
+
+from .config.derive import batch_ramp
 from .config.schema import JobConfig
+from .engines.base import MicroBatch
 
 
 @dataclass
@@ -35,18 +42,12 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
                    is_built_on_rank=lambda: True):
     """(train, valid, test) GPTDatasets of at least the given sizes (mock data when data.mock).
     With data.mix_phases, train is a list: one GPTDataset per train source (pretrain/data_mix.py)."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
-
-    from preprocessing.blend import read_blend
-
     if cfg.data.mock:
         blend_per_split, cache, tok = None, cfg.data.cache_dir, DatasetTokenizer(cfg.model.vocab_size, 0)
     else:
         blend_path = Path(cfg.data.blend)
         splits = read_blend(blend_path)
         blend_per_split = [splits.get(s) for s in ("train", "valid", "test")]
-        import json
         info = json.loads(blend_path.read_text()).get("tokenizer", {})
         if info.get("vocab_size", 0) > cfg.model.vocab_size:
             raise ValueError(f"{blend_path}: tokenizer vocab {info['vocab_size']} exceeds model.vocab_size="
@@ -86,7 +87,37 @@ def collate(samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
     return {k: torch.stack([s[k] for s in samples]) for k in keys}
 
 
-class StepBatches:
+class BatchSource(Protocol):
+    """What the loop reads training batches from: addressed by consumed samples, with a state
+    that goes into every checkpoint. `StepBatches` (one dataset) and `PhasedMix`
+    (pretrain/data_mix.py: per-source datasets with phased weights) implement it."""
+
+    def micro_batches(self, consumed: int, global_batch: int) -> List[MicroBatch]:
+        """This DP rank's micro-batches of the step that starts after `consumed` samples."""
+        ...
+
+    def state(self) -> dict:
+        """What a resume needs beyond consumed_samples (saved in meta.json)."""
+        ...
+
+    def load_state(self, state: dict) -> None:
+        ...
+
+    def advance(self, consumed: int, count: int) -> None:
+        """Skip samples [consumed, consumed + count) (a rollback past bad data). A source addressed
+        by position alone skips by the loop moving consumed_samples on: nothing to do."""
+
+    def reshuffle(self, start: int, count: int, seed: int) -> None:
+        """Read samples [start, start + count) in a seeded other order from now on (rollback_data=reshuffle)."""
+        raise ValueError(f"{type(self).__name__} cannot re-order a window: use stability.rollback_data=skip or "
+                         "replay (validation refuses reshuffle with data.mix_phases).")
+
+    def current_weights(self) -> Optional[List[float]]:
+        """The mix weights in force (logged per step); None for a fixed mix."""
+        return None
+
+
+class StepBatches(BatchSource):
     """Micro-batches of one step for one DP rank, from a dataset addressed by sample index.
 
     The position is consumed_samples alone; the only state is the list of reshuffled windows
@@ -105,16 +136,10 @@ class StepBatches:
     def load_state(self, state: dict) -> None:
         self.reshuffled = [list(w) for w in state.get("reshuffled", [])]
 
-    def advance(self, consumed: int, count: int) -> None:    # skipping samples needs no bookkeeping
-        pass
-
     def reshuffle(self, start: int, count: int, seed: int) -> None:
         """Read sample positions [start, start + count) in a permuted order from now on."""
         if count > 0:
             self.reshuffled.append([start, start + count, seed])
-
-    def current_weights(self) -> None:
-        return None
 
     def index(self, position: int) -> int:
         """Dataset index of sample position `position` (the newest window containing it decides)."""
@@ -138,7 +163,6 @@ class StepBatches:
 
 def split_sizes(cfg: JobConfig) -> tuple[int, int, int]:
     """Samples each split must provide: the whole run, and one evaluation window each."""
-    from .config.derive import batch_ramp
     train = batch_ramp(cfg).samples_after_steps(cfg.derived.train_iters)
     window = max(1, cfg.eval.eval_iters) * cfg.batch.global_batch_size
     return train, window, window

@@ -20,10 +20,10 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from .data import collate
+from .data import BatchSource, collate
 
 
-class PhasedMix:
+class PhasedMix(BatchSource):
     def __init__(self, sources: Sequence, phases: List[tuple], seq_length: int, micro_batch_size: int,
                  dp_rank: int, dp_size: int):
         """phases: [(start_tokens, weights)], weights normalised here, one per source."""
@@ -63,7 +63,7 @@ class PhasedMix:
             if phase != self.phase:
                 self.phase, self.phase_start = phase, list(self.taken)
             w = self.weights[phase]
-            local = [t - s for t, s in zip(self.taken, self.phase_start)]
+            local = [t - s for t, s in zip(self.taken, self.phase_start, strict=True)]
             n = sum(local)
             j = max(range(len(w)), key=lambda i: (w[i] * (n + 1) - local[i], -i))
             out.append((j, self.taken[j]))

@@ -3,27 +3,32 @@
 State the loop owns (step, consumed samples, skipped steps, data-mix counters) lives in
 `LoopState`; with the engine's model, optimizer and RNG it is everything a checkpoint holds
 (pretrain/checkpoint.py). LR and batch size are functions of that state, so a resumed run
-takes exactly the steps the uninterrupted one would have. Engines provide
-`train_step(micro_batches, lr) -> StepResult`, `eval_loss(micro_batches) -> float`, `dp_rank`,
-`dp_size`, `is_logging_rank()`, `checkpoint_meta()`, `save_checkpoint(dir)`,
-`save_checkpoint(dir, on_done)`, `finalize_saves(blocking)`, `load_checkpoint(dir, meta, weights_only)`,
-`close()` and `shutdown()`.
+takes exactly the steps the uninterrupted one would have. What the loop asks of an engine is
+`Engine` (pretrain/engines/base.py); of its training data, `BatchSource` (pretrain/data.py).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import json
+import os
+import signal
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.profiler as tp
 
 from .checkpoint import CheckpointStore, resolve
 from .config import to_yaml
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
-from .data import StepBatches, build_datasets, eval_batches, split_sizes
+from .data import BatchSource, StepBatches, build_datasets, eval_batches, split_sizes
 from .data_mix import PhasedMix
+from .engines.base import Engine
 from .metrics import Metrics
 from .preemption import REQUEUE_EXIT, PreemptionFlag, RunPreempted
 from .provenance import versions
@@ -48,7 +53,7 @@ class RunStopped(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig, engine, run_dir: Path):
+    def __init__(self, cfg: JobConfig, engine: Engine, run_dir: Path):
         self.cfg, self.engine, self.run_dir = cfg, engine, Path(run_dir)
         self.state = LoopState()
         self.ramp = batch_ramp(cfg)
@@ -60,6 +65,7 @@ class Trainer:
                               decay=decay, wsd_decay=s.lr_wsd_decay, wsd_decay_style=s.lr_wsd_decay_style)
         self.unit_tokens = unit_tokens
         train, valid, test = build_datasets(cfg, *split_sizes(cfg))
+        self.train_batches: BatchSource
         if cfg.data.mix_phases:
             phases = [(ph.start_tokens, list(ph.weights)) for ph in cfg.data.mix_phases]
             self.train_batches = PhasedMix(train, phases, cfg.model.seq_length, cfg.batch.micro_batch_size,
@@ -100,7 +106,8 @@ class Trainer:
         self.guard.load_state(self.state.guard)
         self.metrics.skipped_total = self.state.skipped_steps
         self.saved_step = self.state.step
-        self.log(f">> resumed from {found.path}: step {self.state.step}, {self.state.consumed_samples} samples consumed")
+        self.log(f">> resumed from {found.path}: step {self.state.step}, "
+                 f"{self.state.consumed_samples} samples consumed")
 
     def rollback(self) -> None:
         """Back to the newest intact checkpoint with a lower LR, past (or replaying) the data since."""
@@ -114,7 +121,8 @@ class Trainer:
             self.metrics.event({"kind": "stopped", "step": st.step, "rollbacks": st.rollbacks})
             raise RunStopped(f"stopping at step {st.step}: a rollback was needed after {st.rollbacks} rollbacks "
                              f"(stability.max_rollbacks={c.max_rollbacks}). Events: {self.run_dir / 'events.jsonl'}; "
-                             f"last good checkpoint: {found.path}. `make report RUN={self.run_dir}` summarises the run.")
+                             f"last good checkpoint: {found.path}. `make report RUN={self.run_dir}` summarises "
+                             "the run.")
         spike_step, spike_consumed = st.step, st.consumed_samples
         self.engine.load_checkpoint(found.engine_dir, found.meta, weights_only=False)
         restored = LoopState(**found.meta["loop"])
@@ -145,20 +153,16 @@ class Trainer:
             for mb in micro:
                 mb["loss_mask"] = mb["loss_mask"].float() * float("nan")
         if step == f.preempt_at_step and rank == f.rank:
-            import os
-            import signal
             print(f"FAULT INJECTED: rank {rank} sends itself SIGUSR1 during step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGUSR1)
         if step == f.poison_at_step:
-            import torch
             gen = torch.Generator().manual_seed(step)
             for mb in micro:
                 mb["labels"] = torch.randint(0, self.cfg.model.vocab_size, mb["labels"].shape, generator=gen)
 
     def save(self) -> None:
-        """Checkpoint the current step. The commit (meta.json, rename, `latest`) runs once every
+        """Checkpoint the current step. The commit (meta.json, rename) runs once every
         rank's shards are on disk: right away, or later from finalize_saves (checkpoint.async_save)."""
-        import time
         self.engine.finalize_saves(blocking=True)        # one save in flight at a time
         started, st = time.perf_counter(), self.state
         st.data = self.train_batches.state()
@@ -199,14 +203,12 @@ class Trainer:
         steps = self.cfg.profile.steps
         if not steps:
             return contextlib.nullcontext(None)
-        import torch.profiler as tp
         start, end = steps
         return tp.profile(schedule=tp.schedule(wait=max(0, start - 1), warmup=1, active=end - start + 1, repeat=1),
                           on_trace_ready=tp.tensorboard_trace_handler(str(self.run_dir / "profile")),
                           record_shapes=False)
 
     def train(self) -> List[dict]:
-        import torch.distributed as dist
         cfg = self.cfg
         rank = dist.get_rank() if dist.is_initialized() else 0
         watchdog = Watchdog(self.run_dir, cfg.stability.watchdog_minutes, rank)
@@ -263,7 +265,8 @@ class Trainer:
                 if interval > 0 and st.step % interval == 0:
                     self.save()
                     watchdog.kick()
-                if cfg.eval.eval_interval and st.step % cfg.eval.eval_interval == 0 and st.step < cfg.derived.train_iters:
+                every = cfg.eval.eval_interval
+                if every and st.step % every == 0 and st.step < cfg.derived.train_iters:
                     self.evaluate("valid")
                     watchdog.kick()
                 if self.preemption.agreed():

@@ -8,6 +8,7 @@ Memory: max allocated on GPU, resident set size on CPU.
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 import time
@@ -17,9 +18,9 @@ from typing import Optional
 import torch
 
 from .config.schema import JobConfig
+from .model.inventory import count_params
 from .plan.estimate import flops_per_token
 from .plan.hardware import device_name_to_type, peak_tflops
-from .plan.params import count_params
 
 
 def memory_gib() -> float:
@@ -33,7 +34,7 @@ class Metrics:
         self.cfg, self.enabled = cfg, enabled
         self.flops_per_token = flops_per_token(cfg, count_params(cfg))["model"]
         gpu = device_name_to_type(torch.cuda.get_device_name()) if torch.cuda.is_available() else "cpu"
-        self.peak = peak_tflops(gpu, cfg.precision.bf16 or cfg.precision.fp16)
+        self.peak = peak_tflops(gpu, cfg.precision.half)
         self.devices = cfg.derived.world_size
         self.window_start, self.window_tokens, self.window_samples = time.perf_counter(), 0, 0
         self.skipped_total = 0
@@ -77,13 +78,13 @@ class Metrics:
             mfu = f" mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
             gn = f"{record['grad_norm']:.3f}" if record["grad_norm"] is not None else "n/a"
             mem = f" | mem {record['memory_gib']:.2f} GiB" if record["memory_gib"] is not None else ""
-            print(f"step {record['step']:>6}/{self.cfg.derived.train_iters} | loss {record['loss']:.4f} | lr {lr:.3e} | "
+            print(f"step {record['step']:>6}/{self.cfg.derived.train_iters} | loss {record['loss']:.4f} | lr {lr:.3e} "
+                  "| "
                   f"gnorm {gn} | batch {global_batch} | {tps:,.0f} tok/s | {tflops:.3f} TFLOP/s/dev{mfu} | "
                   f"skipped {self.skipped_total}{mem}", flush=True)
         return record
 
     def evaluation(self, step: int, split: str, loss: float) -> dict:
-        import math
         record = {"kind": split, "step": step, "loss": loss, "ppl": math.exp(min(loss, 50.0)), "time": time.time()}
         if self.enabled:
             self._write(record)

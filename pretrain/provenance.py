@@ -1,11 +1,12 @@
 """What ran, written into <run_dir>/provenance/ at every (re)start, so a run can be reproduced
-a week later: git commit and the uncommitted diff, the installed packages (`pip freeze` format), torch/CUDA/NCCL/megatron-core
-versions, the hosts of every rank and the environment variables that change behaviour.
-The resolved config is <run_dir>/config.yaml beside it; a SLURM launch adds its script.
+a week later: git commit and the uncommitted diff, the installed packages (`pip freeze`
+format), torch/CUDA/NCCL/megatron-core versions, the hosts of every rank and the environment
+variables that change behaviour. The resolved config is <run_dir>/config.yaml beside it; a SLURM launch adds its script.
 Each restart writes a new `start-<n>.json`, so the chain of restarts is visible too.
 """
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import os
 import socket
@@ -30,7 +31,6 @@ def _run(cmd: list[str]) -> str:
 
 def pip_freeze() -> str:
     """`pip freeze` of this interpreter's environment, without starting pip (a second per rank start)."""
-    import importlib.metadata as md
     seen = {}
     for d in md.distributions():
         name = d.metadata["Name"]
@@ -40,7 +40,6 @@ def pip_freeze() -> str:
 
 
 def versions() -> dict:
-    import importlib.metadata as md
     out = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None}
     for name in ("megatron-core", "deepspeed", "transformers", "transformer-engine", "apex"):

@@ -24,9 +24,11 @@ def summarize(run_dir: Path) -> tuple[str, dict]:
     if not train:
         raise FileNotFoundError(f"{run_dir}/metrics.jsonl has no training steps yet. Fix: RUN=<a run directory>.")
     starts = len(list((run_dir / "provenance").glob("start-*.json")))
-    count = {f"{k}_events": sum(1 for e in events if e["kind"] == k) for k in ("spike", "nonfinite", "rollback", "stopped")}
+    count = {f"{k}_events": sum(1 for e in events if e["kind"] == k)
+             for k in ("spike", "nonfinite", "rollback", "stopped")}
     tps = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
-    last = {kind: next((r for r in reversed(records) if r["kind"] == kind), None) for kind in ("train", "valid", "test")}
+    last = {kind: next((r for r in reversed(records) if r["kind"] == kind), None)
+            for kind in ("train", "valid", "test")}
     stats = {"steps": train[-1]["step"], "tokens": train[-1]["consumed_tokens"], "restarts": max(0, starts - 1),
              "skipped_steps": train[-1]["skipped_steps"], **count,
              "median_tokens_per_s": sorted(tps)[len(tps) // 2] if tps else None,

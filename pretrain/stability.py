@@ -27,7 +27,6 @@ class SpikeGuard:
         self.losses: deque = deque(maxlen=self.c.spike_window)
         self.norms: deque = deque(maxlen=self.c.spike_window)
         self.recent_spikes: deque = deque()          # steps of recent spikes (rollback counting)
-        self.step = 0
         self.event: Optional[dict] = None            # what the last approve() decided, if notable
 
     @staticmethod

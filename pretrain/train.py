@@ -1,43 +1,41 @@
 """Training entry point.
 
     python -m pretrain.train -cn gpt-tiny [overrides]      # Hydra: --cfg job, -m sweeps work
-    python -m pretrain.train --config RUN_DIR/config.yaml  # what launched ranks run
+    python -m pretrain.train --config RUN_DIR/config.yaml  # what launched ranks run (launch/)
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import hydra
+import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from . import RECIPES_DIR
-from .cli_args import split_overrides
-from .config import ConfigError, JobConfig, finalize
+from .banner import run_banner
+from .config import ConfigError, JobConfig, finalize, to_yaml
 from .config.compose import from_yaml
+from .engines import create_engine
+from .loop import RunStopped, Trainer
+from .preemption import REQUEUE_EXIT, RunPreempted
+from .provenance import record as record_provenance
 
 
 def run(job: JobConfig, keep_process_group: bool = False) -> int:
     """Train `job` in this process (one rank of torchrun/srun, or a single process).
     keep_process_group: leave torch.distributed up for another job in the same processes."""
-    import torch.distributed as dist
-
-    from .config import to_yaml
-    from .engines import create_engine
-    from .loop import Trainer
-    from .provenance import record as record_provenance
-
     engine = create_engine(job)
     run_dir = Path(job.run_dir)
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(job))
+    banner = run_banner(job, engine)
+    if engine.is_logging_rank():
+        print(banner, flush=True)
     dist.barrier()
     record_provenance(run_dir)
-    from .loop import RunStopped
-    from .preemption import REQUEUE_EXIT, RunPreempted
     try:
         Trainer(job, engine, run_dir).train()
     except RunStopped as stop:
@@ -64,8 +62,6 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 1 and os.environ.get("RECIPE"):   # `make pretrain RECIPE=... OVERRIDES=...`
-        sys.argv += ["-cn", os.environ["RECIPE"], *split_overrides(os.environ.get("OVERRIDES", ""))]
     if len(sys.argv) == 3 and sys.argv[1] == "--config":
         try:
             sys.exit(run(from_yaml(sys.argv[2])))

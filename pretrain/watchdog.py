@@ -33,7 +33,11 @@ class Watchdog:
         if self.file:
             faulthandler.cancel_dump_traceback_later()
             self.file.close()
-            if self.path.stat().st_size == 0:
+            try:
+                empty = self.path.stat().st_size == 0
+            except FileNotFoundError:     # removed by another process writing the same run dir
+                empty = False
+            if empty:
                 self.path.unlink()
                 try:
                     self.path.parent.rmdir()

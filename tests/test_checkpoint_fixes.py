@@ -16,8 +16,17 @@ COMMON = ["data=mock", "cluster.devices_per_node=1", "batch.global_batch_size=8"
 
 
 def engine_for(overrides, skip=()):
+    """The megatron engine with the optimizer-state fixes in `skip` left out (test-only subclass)."""
+    from pretrain.engines.megatron import optimizer_state
     from pretrain.engines.megatron.engine import MegatronEngine
-    return MegatronEngine(load_recipe("gpt-tiny", COMMON + overrides), skip_optimizer_fixes=skip)
+    from pretrain.engines.megatron.optimizers import build_optimizer
+
+    class Without(MegatronEngine):
+        def _build_optimizer(self):
+            optimizer = build_optimizer(self.cfg, self.model)
+            optimizer_state.patch(optimizer, skip=skip)
+            return optimizer
+    return Without(load_recipe("gpt-tiny", COMMON + overrides))
 
 
 def batches(engine, steps):
@@ -114,7 +123,7 @@ def test_bf16_checkpoint_gives_fp32_run_the_exact_master_weights(single_rank_meg
     load(fp32, tmp_path, meta)
     params = [p for g in fp32.optimizer.param_groups for p in g["params"]]
     assert len(params) == len(masters)
-    for a, b in zip(params, masters):
+    for a, b in zip(params, masters, strict=True):
         assert a.dtype == torch.float32 and torch.equal(a.detach(), b)    # masters, not rounded bf16 copies
     loss = fp32.train_step(data[2], 1e-3).loss
     assert abs(loss - bf16.train_step(data[2], 1e-3).loss) < 0.02 * loss

@@ -61,7 +61,7 @@ def test_gpt3_recipes_follow_the_paper():
 def test_overrides_groups_and_experiments():
     cfg = load_recipe("gpt-tiny", ["model.num_layers=6", "precision=bf16", "parallel=tp2",
                                    "optim=lion", "+experiment=short"])
-    assert cfg.model.num_layers == 6 and cfg.precision.bf16 and cfg.optim.name == "lion"
+    assert cfg.model.num_layers == 6 and cfg.precision.dtype == "bf16" and cfg.optim.name == "lion"
     assert cfg.parallel.tensor_model_parallel_size == 2 and cfg.derived.data_parallel_size == 1
     assert cfg.schedule.train_iters == 50
 

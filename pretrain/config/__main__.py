@@ -8,7 +8,8 @@ import argparse
 import dataclasses
 import sys
 
-from ..cli_args import add_recipe_args, recipe_and_overrides
+from common.cli import add_recipe_args, recipe_and_overrides
+
 from . import ConfigError, load_recipe, to_yaml
 from .schema import JobConfig
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Optional
 
-from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from common.config import compose_dir
+from common.registry import import_modules
 
 from .. import RECIPES_DIR
 from .derive import derive
@@ -26,22 +26,23 @@ SCHEMA_NAME = "pretrain_schema"
 ConfigStore.instance().store(name=SCHEMA_NAME, node=JobConfig)
 
 
+# Keys that were renamed: a recipe, override or run config still using one is told the new spelling.
+RENAMED = {"precision.bf16": "precision.dtype=bf16 (or the group: precision=bf16)",
+           "precision.fp16": "precision.dtype=fp16 (or the group: precision=fp16)",
+           "parallel.zero_stage": "deepspeed.zero_stage", "parallel.offload_optimizer": "deepspeed.offload_optimizer",
+           "parallel.offload_param": "deepspeed.offload_param",
+           "parallel.ds_config_template": "deepspeed.config_template",
+           "profile.flops_profile_step": "deepspeed.flops_profile_step"}
+
+
+def _renamed(err: ConfigError) -> ConfigError:
+    text = "\n".join(err.problems)
+    hints = [f"{old} was replaced by {new}. Fix: write that instead." for old, new in RENAMED.items() if old in text]
+    return ConfigError(hints + err.problems, source=err.source) if hints else err
+
+
 def available_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-
-
-def compose_dir(config_dir, name: str, overrides: Iterable[str] = (), source: str = "") -> DictConfig:
-    """Hydra composition of <config_dir>/<name>.yaml; errors become ConfigError naming the file."""
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            return compose(config_name=name, overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError([f"{err}".strip() + "\n    Fix: check the key's spelling and type; "
-                           "`python -m pretrain.config --describe` lists every field."],
-                          source=source or f"{config_dir}/{name}.yaml") from None
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def compose_recipe(recipe: str, overrides: Iterable[str] = ()) -> DictConfig:
@@ -49,7 +50,10 @@ def compose_recipe(recipe: str, overrides: Iterable[str] = ()) -> DictConfig:
     if not (RECIPES_DIR / f"{recipe}.yaml").is_file():
         raise ConfigError([f"no recipe {recipe!r} in {RECIPES_DIR}. Available: {', '.join(available_recipes())}"],
                           source="RECIPE")
-    return compose_dir(RECIPES_DIR, recipe, overrides, source=f"recipes/{recipe}.yaml")
+    try:
+        return compose_dir(RECIPES_DIR, recipe, overrides, source=f"recipes/{recipe}.yaml")
+    except ConfigError as err:
+        raise _renamed(err) from None
 
 
 def finalize(cfg: DictConfig, recipe: Optional[str] = None) -> JobConfig:
@@ -70,6 +74,7 @@ def finalize(cfg: DictConfig, recipe: Optional[str] = None) -> JobConfig:
     except OmegaConfBaseException as err:
         raise ConfigError([f"{err}".strip()], source=source) from None
     try:
+        import_modules(job.imports, source)
         validate(job)
     except ConfigError as err:
         raise ConfigError(err.problems, source=source) from None

@@ -8,17 +8,13 @@ budget, ...) are never typed by hand: `derive.py` computes them into `JobConfig.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 from omegaconf import MISSING
 
-
-def doc(default: Any, text: str, *, factory: Any = None) -> Any:
-    """A dataclass field with its one-line documentation."""
-    if factory is not None:
-        return field(default_factory=factory, metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+from common.config import doc
+from preprocessing.config import TokenizerConfig
 
 
 @dataclass
@@ -29,7 +25,8 @@ class ModelConfig:
     num_attention_heads: int = doc(MISSING, "Number of query attention heads.")
     num_query_groups: Optional[int] = doc(None, "Key/value heads for GQA; null means multi-head attention (= heads).")
     kv_channels: Optional[int] = doc(None, "Per-head dimension; null means hidden_size / num_attention_heads.")
-    ffn_hidden_size: Optional[int] = doc(None, "MLP width; null derives 4*h (GELU) or 8h/3 rounded up to ffn_multiple_of (SwiGLU).")
+    ffn_hidden_size: Optional[int] = doc(None, "MLP width; null derives 4*h (GELU) or 8h/3 rounded up to "
+                                               "ffn_multiple_of (SwiGLU).")
     ffn_multiple_of: int = doc(256, "Rounding multiple for the derived SwiGLU FFN width (Llama convention).")
     seq_length: int = doc(MISSING, "Training sequence length in tokens.")
     max_position_embeddings: Optional[int] = doc(None, "Position table size / RoPE limit; null means seq_length.")
@@ -40,7 +37,8 @@ class ModelConfig:
     layernorm_epsilon: float = doc(1e-5, "Epsilon of every norm layer.")
     activation: str = doc("gelu", "MLP activation: 'gelu' or 'swiglu' (gated, two fc1 projections).")
     add_bias_linear: bool = doc(True, "Biases in all linear layers (GPT: true, Llama: false).")
-    untie_embeddings_and_output_weights: bool = doc(False, "Separate output layer instead of reusing the input embedding.")
+    untie_embeddings_and_output_weights: bool = doc(False, "Separate output layer instead of reusing the input "
+                                                           "embedding.")
     vocab_size: int = doc(MISSING, "Tokenizer vocabulary size before padding (must be >= the tokenizer's).")
     make_vocab_size_divisible_by: int = doc(128, "Pad the vocab to a multiple of this times TP (Megatron convention).")
     init_method_std: float = doc(0.02, "Std of the normal init of weights.")
@@ -50,22 +48,47 @@ class ModelConfig:
     qk_layernorm: bool = doc(False, "Normalise queries and keys before the dot product (stability).")
     embedding_layernorm: bool = doc(False, "Normalise the embedding output before the first layer (BLOOM; stability).")
     z_loss_coeff: float = doc(0.0, "PaLM z-loss: add coeff * logsumexp(logits)^2 per token (1e-4 in PaLM/OLMo); 0 off.")
-    attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best available.")
-    layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every TP/PP layout starts equal.")
-    transformer_impl: str = doc("auto", "Layer spec: 'local' (megatron-core modules), 'transformer_engine', or 'auto' (TE when importable).")
+    attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best "
+                                         "available.")
+    layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every "
+                                            "TP/PP layout starts equal.")
+    transformer_impl: str = doc("auto", "Layer spec: 'local' (megatron-core modules), 'transformer_engine', or 'auto' "
+                                        "(TE when importable).")
+
+
+DTYPES = ("fp32", "bf16", "fp16")   # precision.dtype: the one place these names are spelled
 
 
 @dataclass
 class PrecisionConfig:
-    fp16: bool = doc(False, "fp16 params/activations with dynamic loss scaling; excludes bf16.")
-    bf16: bool = doc(False, "bf16 params/activations with fp32 main params and grads in the optimizer.")
+    dtype: str = doc("fp32", "Params/activations dtype: 'fp32', 'bf16' (fp32 main params and grads in the "
+                     "optimizer) or 'fp16' (the same, with loss scaling).")
     loss_scale: Optional[float] = doc(None, "Static fp16 loss scale; null means dynamic loss scaling.")
     initial_loss_scale: float = doc(2.0**32, "Starting value of the dynamic fp16 loss scale.")
     min_loss_scale: float = doc(1.0, "Floor of the dynamic fp16 loss scale.")
     loss_scale_window: int = doc(1000, "Overflow-free steps before the dynamic loss scale doubles.")
     hysteresis: int = doc(2, "Overflows tolerated before the dynamic loss scale halves.")
-    grad_reduce_in_fp32: bool = doc(True, "Accumulate and all-reduce gradients in fp32 (4 bytes/param) under bf16/fp16.")
+    grad_reduce_in_fp32: bool = doc(True, "Accumulate and all-reduce gradients in fp32 (4 bytes/param) under "
+                                          "bf16/fp16.")
     attention_softmax_in_fp32: bool = doc(True, "Compute attention softmax in fp32 under bf16/fp16.")
+
+    @property
+    def bf16(self) -> bool:
+        return self.dtype == "bf16"
+
+    @property
+    def fp16(self) -> bool:
+        return self.dtype == "fp16"
+
+    @property
+    def torch_dtype(self):
+        import torch  # here, so composing and validating a recipe does not import torch
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
+
+    @property
+    def half(self) -> bool:
+        """bf16 or fp16: 2-byte params with fp32 main params in the optimizer."""
+        return self.dtype != "fp32"
 
 
 @dataclass
@@ -73,21 +96,35 @@ class ParallelConfig:
     engine: str = doc("megatron", "Training engine: 'megatron' (megatron-core) or 'deepspeed'.")
     tensor_model_parallel_size: int = doc(1, "TP degree: shards attention heads and MLP columns.")
     pipeline_model_parallel_size: int = doc(1, "PP degree: splits layers into stages (1F1B schedule).")
-    virtual_pipeline_model_parallel_size: Optional[int] = doc(None, "Model chunks per PP stage for the interleaved schedule; null disables.")
-    num_layers_in_first_pipeline_stage: Optional[int] = doc(None, "Uneven PP split: layers on the first stage (rest split evenly).")
-    num_layers_in_last_pipeline_stage: Optional[int] = doc(None, "Uneven PP split: layers on the last stage (rest split evenly).")
+    virtual_pipeline_model_parallel_size: Optional[int] = doc(None, "Model chunks per PP stage for the interleaved "
+                                                                    "schedule; null disables.")
+    num_layers_in_first_pipeline_stage: Optional[int] = doc(None, "Uneven PP split: layers on the first stage (rest "
+                                                                  "split evenly).")
+    num_layers_in_last_pipeline_stage: Optional[int] = doc(None, "Uneven PP split: layers on the last stage (rest "
+                                                                 "split evenly).")
     context_parallel_size: int = doc(1, "CP degree: splits the sequence across ranks in attention.")
-    sequence_parallel: bool = doc(False, "Shard norm/dropout activations along the sequence over TP ranks (needs TP>1).")
+    sequence_parallel: bool = doc(False, "Shard norm/dropout activations along the sequence over TP ranks (needs "
+                                         "TP>1).")
     use_distributed_optimizer: bool = doc(False, "Shard optimizer states over DP ranks (ZeRO-1) in megatron-core.")
     overlap_grad_reduce: bool = doc(False, "Overlap the DP gradient reduce with backward compute.")
     overlap_param_gather: bool = doc(False, "Overlap the distributed-optimizer param all-gather with forward.")
-    recompute_granularity: Optional[str] = doc(None, "Activation checkpointing: null, 'selective' (core attention) or 'full'.")
-    recompute_method: str = doc("uniform", "For full recompute: 'uniform' (groups of layers) or 'block' (first N layers).")
+    recompute_granularity: Optional[str] = doc(None, "Activation checkpointing: null, 'selective' (core attention) or "
+                                                     "'full'.")
+    recompute_method: str = doc("uniform", "For full recompute: 'uniform' (groups of layers) or 'block' (first N "
+                                           "layers).")
     recompute_num_layers: int = doc(1, "For full recompute: layers per group (uniform) or layers recomputed (block).")
-    zero_stage: int = doc(0, "DeepSpeed ZeRO stage 0-3 (engine=deepspeed only).")
-    offload_optimizer: bool = doc(False, "DeepSpeed: keep optimizer states on CPU (ZeRO>=1).")
-    offload_param: bool = doc(False, "DeepSpeed: keep parameters on CPU (ZeRO-3 only).")
-    ds_config_template: Optional[str] = doc(None, "DeepSpeed JSON template; null picks ds_configs/ by zero_stage and offload.")
+
+
+@dataclass
+class DeepSpeedConfig:
+    """Settings of the DeepSpeed engine alone (parallel.engine=deepspeed); refused with megatron."""
+    zero_stage: int = doc(0, "ZeRO stage 0-3: shard nothing, optimizer states, + gradients, + parameters.")
+    offload_optimizer: bool = doc(False, "Keep optimizer states (and the update) on the CPU (ZeRO>=1).")
+    offload_param: bool = doc(False, "Keep parameters on the CPU (ZeRO-3 only).")
+    config_template: Optional[str] = doc(None, "DeepSpeed JSON template; null picks ds_configs/ by zero_stage and "
+                                         "offload.")
+    flops_profile_step: int = doc(0, "FLOPs/latency per module at this step into <run_dir>/flops_profile.txt "
+                                  "(DeepSpeed's flops profiler); 0 disables.")
 
 
 @dataclass
@@ -100,7 +137,8 @@ class OptimConfig:
     adam_beta2: float = doc(0.95, "Second-moment decay (AdamW, Lion beta2).")
     adam_eps: float = doc(1e-8, "AdamW epsilon.")
     clip_grad: float = doc(1.0, "Clip gradients to this global L2 norm; 0 disables.")
-    no_weight_decay_on: list[str] = doc(None, "Parameter kinds exempt from weight decay: any of 'bias', 'norm', 'embedding'.",
+    no_weight_decay_on: list[str] = doc(None, "Parameter kinds exempt from weight decay: any of 'bias', 'norm', "
+                                              "'embedding'.",
                                         factory=lambda: ["bias", "norm"])
 
 
@@ -120,31 +158,30 @@ class ScheduleConfig:
 class BatchConfig:
     micro_batch_size: int = doc(MISSING, "Sequences per rank per forward/backward.")
     global_batch_size: int = doc(MISSING, "Sequences per optimizer step after the ramp.")
-    ramp_start: Optional[int] = doc(None, "Global batch at step 0 when ramping (Megatron --rampup-batch-size start); null: no ramp.")
+    ramp_start: Optional[int] = doc(None, "Global batch at step 0 when ramping (Megatron --rampup-batch-size start); "
+                                          "null: no ramp.")
     ramp_increment: int = doc(0, "Global batch increment per ramp stage.")
     ramp_over: int = doc(0, "Consumed amount over which the ramp runs, in ramp_unit.")
     ramp_unit: str = doc("samples", "Unit of ramp_over: 'samples' or 'tokens'.")
 
 
 @dataclass
-class TokenizerConfig:
-    type: str = doc("gpt2", "'gpt2' (vocab.json+merges.txt dir), 'hf' (tokenizer dir/json) or 'sentencepiece' (.model).")
-    path: Optional[str] = doc(None, "Tokenizer file or directory; null only for plans and mock data.")
-
-
-@dataclass
 class MixPhase:
-    start_tokens: int = doc(0, "The phase applies to training samples from this token position on (the first phase: 0).")
+    start_tokens: int = doc(0, "The phase applies to training samples from this token position on (the first phase: "
+                               "0).")
     weights: list[float] = doc(None, "Weight per train source, in the blend file's order (normalised).", factory=list)
 
 
 @dataclass
 class DataConfig:
-    blend: Optional[str] = doc(None, "Data-mix file from preprocessing (per-split paths and weights); null means mock data.")
+    blend: Optional[str] = doc(None, "Data-mix file from preprocessing (per-split paths and weights); null means mock "
+                                     "data.")
     mock: bool = doc(False, "Train on megatron-core's synthetic tokens (throughput tests only).")
-    tokenizer: TokenizerConfig = doc(None, "Tokenizer used for the data (and saved with exports).", factory=TokenizerConfig)
+    tokenizer: TokenizerConfig = doc(None, "Tokenizer used for the data (and saved with exports).",
+                                     factory=TokenizerConfig)
     cache_dir: Optional[str] = doc(None, "Where GPTDataset index caches live; null means <blend dir>/cache.")
-    preprocess: str = doc("demo", "Preprocessing pipeline config that produces the blend (preprocessing/conf/<name>.yaml).")
+    preprocess: str = doc("demo", "Preprocessing pipeline config that produces the blend "
+                                  "(preprocessing/conf/<name>.yaml).")
     mix_phases: list[MixPhase] = doc(None, "Data-mix schedule: train-source weights per phase, replacing the blend's "
                                      "train weights; empty keeps them fixed.", factory=list)
 
@@ -153,31 +190,40 @@ class DataConfig:
 class CheckpointConfig:
     save_interval: int = doc(1000, "Save every N steps; 0 disables periodic saves.")
     save_final: bool = doc(True, "Save when training ends.")
-    dir: Optional[str] = doc(None, "Checkpoint directory; null means <run_dir>/checkpoints. A run resumes from its newest intact checkpoint here.")
+    dir: Optional[str] = doc(None, "Checkpoint directory; null means <run_dir>/checkpoints. A run resumes from its "
+                                   "newest intact checkpoint here.")
     load: Optional[str] = doc(None, "Checkpoint (root or step_* dir) to start from when dir holds none yet.")
-    load_weights_only: bool = doc(False, "From `load`, take the weights only: fresh optimizer, step 0, data from the start.")
+    load_weights_only: bool = doc(False, "From `load`, take the weights only: fresh optimizer, step 0, data from the "
+                                         "start.")
     keep_last: int = doc(3, "Keep the newest N checkpoints (0 keeps all).")
     keep_every: int = doc(0, "Also keep for good every checkpoint whose step is a multiple of M; 0: none.")
     checksums: bool = doc(False, "Also sha256 every file into meta.json and check it on resume; rank 0 reads the whole "
-                          "checkpoint at each save and resume, so leave off for TB-sized checkpoints (sizes are always checked).")
+                          "checkpoint at each save and resume, so leave off for TB-sized checkpoints (sizes are always "
+                          "checked).")
     async_save: bool = doc(False, "Megatron engine: write checkpoints in a background process while training goes on; "
-                           "committed (meta.json, `latest`) once every rank's writer finished.")
-    distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' (any layout) or 'dp_reshardable' (DP may change).")
+                           "committed (meta.json, rename) once every rank's writer finished.")
+    distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' "
+                                                                "(any layout) or 'dp_reshardable' (DP may change).")
 
 
 @dataclass
 class StabilityConfig:
     distributed_timeout_minutes: int = doc(30, "Timeout of torch.distributed collectives.")
-    watchdog_minutes: float = doc(30.0, "No step, evaluation or save within this: every rank dumps all thread stacks to "
+    watchdog_minutes: float = doc(30.0, "No step, evaluation or save within this: every rank dumps all thread stacks "
+                                        "to "
                                   "<run_dir>/hang/ and exits 1 (requeue resumes); 0 disables.")
-    spike_policy: str = doc("skip", "On a loss/grad-norm spike: 'off' (log only), 'skip' the update, or 'rollback' after "
+    spike_policy: str = doc("skip", "On a loss/grad-norm spike: 'off' (log only), 'skip' the update, or 'rollback' "
+                                    "after "
                             "rollback_after spikes. Non-finite loss or grads are never applied.")
-    spike_window: int = doc(100, "Accepted steps of history for the running statistics; no spike is called before it fills.")
-    spike_zscore: float = doc(6.0, "A step whose loss or grad norm is this many standard deviations above the window mean is a spike.")
+    spike_window: int = doc(100, "Accepted steps of history for the running statistics; no spike is called before it "
+                                 "fills.")
+    spike_zscore: float = doc(6.0, "A step whose loss or grad norm is this many standard deviations above the window "
+                                   "mean is a spike.")
     spike_ratio: float = doc(0.0, "Also a spike: loss above this multiple of the window mean; 0 disables.")
     rollback_after: int = doc(3, "Spikes within spike_window steps that trigger a rollback (policy 'rollback').")
     rollback_lr_factor: float = doc(0.5, "LR multiplier applied at each rollback (persists in the checkpoint).")
-    rollback_data: str = doc("skip", "After a rollback: 'skip' the samples consumed since the checkpoint, 'replay' them, "
+    rollback_data: str = doc("skip", "After a rollback: 'skip' the samples consumed since the checkpoint, 'replay' "
+                                     "them, "
                              "or 'reshuffle' them (the same samples in a seeded new order, other batches).")
     max_rollbacks: int = doc(3, "Rollbacks allowed per run; one more stops the run with a report (exit 3).")
 
@@ -185,8 +231,10 @@ class StabilityConfig:
 @dataclass
 class FaultConfig:
     hang_at_step: int = doc(-1, "Fire drill / tests: rank fault.rank stops before this step (1-based); -1 never.")
-    nan_at_step: int = doc(-1, "Rank fault.rank's loss mask is NaN at this step (a non-finite loss and gradients); -1 never.")
-    preempt_at_step: int = doc(-1, "Rank fault.rank sends itself SIGUSR1 during this step (a SLURM time-limit warning); -1 never.")
+    nan_at_step: int = doc(-1, "Rank fault.rank's loss mask is NaN at this step (a non-finite loss and gradients); -1 "
+                               "never.")
+    preempt_at_step: int = doc(-1, "Rank fault.rank sends itself SIGUSR1 during this step (a SLURM time-limit "
+                                   "warning); -1 never.")
     poison_at_step: int = doc(-1, "Every rank's labels at this step are random tokens (a loss spike); -1 never.")
     rank: int = doc(0, "Global rank the injected fault hits.")
 
@@ -207,16 +255,16 @@ class EvalConfig:
 
 @dataclass
 class ProfileConfig:
-    steps: list[int] = doc(None, "Profile steps [start, end] with torch.profiler into <run_dir>/profile; empty disables.",
+    steps: list[int] = doc(None, "Profile steps [start, end] with torch.profiler into <run_dir>/profile; empty "
+                                 "disables.",
                            factory=list)
-    flops_profile_step: int = doc(0, "DeepSpeed engine: FLOPs/latency per module at this step into "
-                                  "<run_dir>/flops_profile.txt (DeepSpeed's flops profiler); 0 disables.")
 
 
 @dataclass
 class ClusterConfig:
     name: str = doc("local", "Cluster profile name (conf/cluster/<name>.yaml).")
-    launcher: str = doc("local", "'local' (torchrun here), 'srun' (one task per GPU) or 'srun-torchrun' (one task per node).")
+    launcher: str = doc("local", "'local' (torchrun here), 'srun' (one task per GPU) or 'srun-torchrun' (one task per "
+                                 "node).")
     nodes: int = doc(1, "Nodes in the job.")
     devices_per_node: int = doc(1, "GPUs per node (CPU ranks per node when running without GPUs).")
     gpu_type: str = doc("H100-SXM", "Accelerator model; picks the peak TFLOP/s for MFU (pretrain/plan/hardware.py).")
@@ -229,15 +277,20 @@ class ClusterConfig:
     exclusive: bool = doc(True, "Ask for whole nodes.")
     constraint: Optional[str] = doc(None, "SLURM --constraint.")
     exclude: list[str] = doc(None, "Hosts never to use.", factory=list)
-    setup: list[str] = doc(None, "Shell lines run before launch (modules, container); trusted cluster config.", factory=list)
+    setup: list[str] = doc(None, "Shell lines run before launch (modules, container); trusted cluster config.",
+                           factory=list)
     env: dict[str, str] = doc(None, "Environment variables for every rank (NCCL settings, ...).", factory=dict)
     signal_lead_s: int = doc(300, "Seconds before the time limit when SLURM sends USR1 to checkpoint and requeue.")
-    max_restarts: int = doc(10, "Requeue at most this many times (SLURM_RESTART_COUNT), then stop with the requeue code.")
-    requeue: bool = doc(True, "On a signal's checkpoint (exit 75) `scontrol requeue` the job; false where the cluster forbids it.")
-    chain_jobs: int = doc(0, "Also submit this many follow-up jobs, each --dependency=afterany on the one before (resume).")
+    max_restarts: int = doc(10, "Requeue at most this many times (SLURM_RESTART_COUNT), then stop with the requeue "
+                                "code.")
+    requeue: bool = doc(True, "On a signal's checkpoint (exit 75) `scontrol requeue` the job; false where the cluster "
+                              "forbids it.")
+    chain_jobs: int = doc(0, "Also submit this many follow-up jobs, each --dependency=afterany on the one before "
+                             "(resume).")
     health_check: bool = doc(True, "Before training, one task per node checks devices, an all-reduce and free disk.")
     health_min_free_gb: float = doc(20.0, "Free space the health check needs in the checkpoint directory's filesystem.")
-    bad_nodes_file: str = doc("runs/bad_nodes.txt", "Hosts that failed a health check; every later submission excludes them.")
+    bad_nodes_file: str = doc("runs/bad_nodes.txt", "Hosts that failed a health check; every later submission excludes "
+                                                    "them.")
 
 
 @dataclass
@@ -262,9 +315,14 @@ class JobConfig:
     name: str = doc(MISSING, "Run name; the recipe name unless overridden.")
     seed: int = doc(1234, "Seed for init, data order and dropout.")
     run_dir: str = doc("runs/${name}", "Directory for logs, config, checkpoints and metrics.")
+    imports: list[str] = doc(None, "Python modules imported before the recipe is validated (on the login node and "
+                             "in every rank), so the optimizers, LR schedules and engines they register can be "
+                             "named in it.", factory=list)
     model: ModelConfig = doc(None, "Model shape and layer choices.", factory=ModelConfig)
     precision: PrecisionConfig = doc(None, "Numeric precision.", factory=PrecisionConfig)
     parallel: ParallelConfig = doc(None, "Engine and parallel layout.", factory=ParallelConfig)
+    deepspeed: DeepSpeedConfig = doc(None, "DeepSpeed engine settings (ZeRO stage, offload, template).",
+                                     factory=DeepSpeedConfig)
     optim: OptimConfig = doc(None, "Optimizer.", factory=OptimConfig)
     schedule: ScheduleConfig = doc(None, "LR schedule and run length.", factory=ScheduleConfig)
     batch: BatchConfig = doc(None, "Batch sizes and ramp.", factory=BatchConfig)

@@ -5,10 +5,15 @@ recipe in one round trip, before anything reaches a cluster.
 """
 from __future__ import annotations
 
-import re
+from common.config import ConfigError
+from common.slurm_values import sbatch_problems
 
+from ..engines import ENGINES
+from ..engines.deepspeed.ds_config import load_template, problems, template_path
+from ..optim import OPTIMIZERS
+from ..schedules import LR_SCHEDULES, WSD_SHAPES
 from .derive import batch_ramp
-from .schema import JobConfig
+from .schema import DTYPES, DeepSpeedConfig, JobConfig
 
 CHOICES = {
     "model.arch": ("gpt", "llama"),
@@ -17,30 +22,22 @@ CHOICES = {
     "model.activation": ("gelu", "swiglu"),
     "model.attention_backend": ("auto", "flash", "fused", "unfused", "local"),
     "model.transformer_impl": ("auto", "local", "transformer_engine"),
-    "parallel.engine": ("megatron", "deepspeed"),
+    "precision.dtype": DTYPES,
+    "parallel.engine": ENGINES.names,
     "parallel.recompute_granularity": (None, "selective", "full"),
     "parallel.recompute_method": ("uniform", "block"),
-    "optim.name": ("adamw", "adafactor", "lion"),
-    "schedule.lr_decay_style": ("cosine", "linear", "wsd", "constant"),
+    "optim.name": OPTIMIZERS.names,
+    "schedule.lr_decay_style": LR_SCHEDULES.names,
     "schedule.unit": ("steps", "tokens"),
-    "schedule.lr_wsd_decay_style": ("linear", "cosine", "exponential"),
+    "schedule.lr_wsd_decay_style": tuple(WSD_SHAPES),
     "batch.ramp_unit": ("samples", "tokens"),
     "data.tokenizer.type": ("gpt2", "hf", "sentencepiece"),
     "checkpoint.distrib_optim_sharding_type": ("fully_reshardable", "dp_reshardable"),
     "cluster.launcher": ("local", "srun", "srun-torchrun"),
     "stability.spike_policy": ("off", "skip", "rollback"),
     "stability.rollback_data": ("skip", "replay", "reshuffle"),
-}
+}   # a callable is a registry's names(): what is registered when the recipe is validated
 NO_DECAY_KINDS = ("bias", "norm", "embedding")
-
-
-class ConfigError(ValueError):
-    """A recipe that cannot run; the message lists every problem with its fix."""
-
-    def __init__(self, problems: list[str], source: str = "config"):
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
 
 
 def _get(cfg: JobConfig, dotted: str):
@@ -66,28 +63,13 @@ def pipeline_stage_layers(num_layers: int, pp: int, first: int | None, last: int
     return layers
 
 
-def sbatch_problems(section: str, sc, extra: dict | None = None) -> list[str]:
-    """Values that become #SBATCH directives (sbatch parses those lines itself, strips the quotes we
-    put around each value and never runs a shell on them; a newline would start a new script line,
-    a double quote would end the value early) and env keys that become `export KEY=...` lines.
-    `sc` is a cluster-like section (cluster, or preprocessing's slurm)."""
-    values = {**(extra or {}), **{f"{section}.{k}": getattr(sc, k) for k in ("partition", "account", "qos", "mem",
-                                                                           "time", "constraint")},
-              **{f"{section}.exclude[{i}]": h for i, h in enumerate(sc.exclude)}}
-    problems = [f"{key}={value!r} holds a double quote, backslash or line break, which an #SBATCH line cannot "
-                "carry. Fix: remove it." for key, value in values.items()
-                if value is not None and any(ch in str(value) for ch in '"\n\r\\')]
-    return problems + [f"{section}.env key {key!r} is not a shell variable name (letters, digits, _; not starting "
-                       "with a digit)." for key in sc.env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key))]
-
-
 def validate(cfg: JobConfig) -> None:
     problems: list[str] = []
     add = problems.append
     m, p, b, s, o = cfg.model, cfg.parallel, cfg.batch, cfg.schedule, cfg.optim
 
     for key, allowed in CHOICES.items():
-        value = _get(cfg, key)
+        value, allowed = _get(cfg, key), allowed() if callable(allowed) else allowed
         if value not in allowed:
             add(f"{key}={value!r} is not one of {list(allowed)}. Fix: pick one of those.")
     for kind in o.no_weight_decay_on:
@@ -98,7 +80,8 @@ def validate(cfg: JobConfig) -> None:
     phases = cfg.data.mix_phases
     if phases and cfg.stability.rollback_data == "reshuffle":
         add("stability.rollback_data=reshuffle with data.mix_phases: the phased mix hands out samples by running "
-            "per-source counters, not by position, so a window cannot be re-ordered. Fix: rollback_data=skip or replay.")
+            "per-source counters, not by position, so a window cannot be re-ordered. Fix: rollback_data=skip or "
+            "replay.")
     for i, ph in enumerate(phases):
         if not ph.weights or any(w < 0 for w in ph.weights) or sum(ph.weights) <= 0:
             add(f"data.mix_phases[{i}].weights={list(ph.weights)} needs non-negative weights with a positive sum.")
@@ -112,10 +95,6 @@ def validate(cfg: JobConfig) -> None:
         add(f"data.mix_phases[0].start_tokens={phases[0].start_tokens}: the first phase must start at 0.")
     if phases and cfg.data.mock:
         add("data.mix_phases needs a blend with train sources; data.mock has none. Fix: drop one of them.")
-
-    # Precision
-    if cfg.precision.fp16 and cfg.precision.bf16:
-        add("precision.fp16=true and precision.bf16=true are exclusive. Fix: use precision=fp16 or precision=bf16.")
 
     # Shapes
     tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
@@ -143,17 +122,20 @@ def validate(cfg: JobConfig) -> None:
         add(f"model.seq_length={m.seq_length} exceeds model.max_position_embeddings={seq_limit}. "
             "Fix: shorten seq_length or raise max_position_embeddings.")
     if m.normalization == "LayerNorm" and m.arch == "llama":
-        add("model.arch=llama with model.normalization=LayerNorm: the Llama export expects RMSNorm. Fix: use RMSNorm or arch=gpt.")
+        add("model.arch=llama with model.normalization=LayerNorm: the Llama export expects RMSNorm. Fix: use RMSNorm "
+            "or arch=gpt.")
 
     # Pipeline split
     stages = pipeline_stage_layers(m.num_layers, pp, p.num_layers_in_first_pipeline_stage,
                                    p.num_layers_in_last_pipeline_stage)
     if pp == 1 and (p.num_layers_in_first_pipeline_stage or p.num_layers_in_last_pipeline_stage):
-        add("parallel.num_layers_in_first/last_pipeline_stage set with pipeline_model_parallel_size=1. Fix: unset them.")
+        add("parallel.num_layers_in_first/last_pipeline_stage set with pipeline_model_parallel_size=1. Fix: unset "
+            "them.")
     elif min(stages) <= 0 or sum(stages) != m.num_layers:
         add(f"parallel.pipeline_model_parallel_size={pp} does not split model.num_layers={m.num_layers} "
             f"(stages would get {stages}). Fix: a PP that divides the layers, or set "
-            "parallel.num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage so the rest divide evenly.")
+            "parallel.num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage so the rest divide "
+            "evenly.")
     vpp = p.virtual_pipeline_model_parallel_size
     if vpp is not None:
         if pp == 2 and cfg.cluster.gpu_type == "cpu":
@@ -195,23 +177,31 @@ def validate(cfg: JobConfig) -> None:
         bad = [size for size in sizes if size % unit]
         if bad:
             add(f"global batch {bad[:5]} (batch.global_batch_size / ramp) not divisible by batch.micro_batch_size="
-                f"{b.micro_batch_size} x data-parallel size {dp} = {unit}. Fix: make every ramp size a multiple of {unit}.")
+                f"{b.micro_batch_size} x data-parallel size {dp} = {unit}. Fix: make every ramp size a multiple of "
+                f"{unit}.")
     if p.sequence_parallel and tp == 1:
-        add("parallel.sequence_parallel=true requires parallel.tensor_model_parallel_size>1. Fix: set TP>1 or sequence_parallel=false.")
+        add("parallel.sequence_parallel=true requires parallel.tensor_model_parallel_size>1. Fix: set TP>1 or "
+            "sequence_parallel=false.")
     if cp > 1 and m.transformer_impl != "transformer_engine":
-        add(f"parallel.context_parallel_size={cp} needs model.transformer_impl=transformer_engine (megatron-core's CP attention is TE's).")
+        add(f"parallel.context_parallel_size={cp} needs model.transformer_impl=transformer_engine (megatron-core's CP "
+            "attention is TE's).")
     if p.recompute_granularity == "full" and min(stages) > 0 and p.recompute_num_layers > max(stages):
-        add(f"parallel.recompute_num_layers={p.recompute_num_layers} exceeds the layers per pipeline stage {max(stages)}.")
+        add(f"parallel.recompute_num_layers={p.recompute_num_layers} exceeds the layers per pipeline stage "
+            f"{max(stages)}.")
 
     # Engines
     if p.engine == "deepspeed":
         _deepspeed_problems(cfg, add)
-    elif p.zero_stage or p.offload_optimizer or p.offload_param or p.ds_config_template:
-        add("parallel.zero_stage/offload_*/ds_config_template are DeepSpeed settings but parallel.engine=megatron. "
-            "Fix: set parallel.engine=deepspeed, or use parallel.use_distributed_optimizer=true for ZeRO-1 on megatron-core.")
+    else:
+        changed = [f"deepspeed.{k}={v!r}" for k, v in vars(cfg.deepspeed).items() if v != getattr(DeepSpeedConfig(), k)]
+        if changed:
+            add(f"{', '.join(changed)}: DeepSpeed settings, but parallel.engine={p.engine}. Fix: set "
+                "parallel.engine=deepspeed (or parallel=ds-zero1 ...), or drop them; on megatron-core "
+                "parallel.use_distributed_optimizer=true is ZeRO-1.")
 
     # Optimizer and schedule
-    if o.name != "adamw" and p.engine == "megatron" and p.use_distributed_optimizer:
+    if (o.name in OPTIMIZERS and not OPTIMIZERS.get(o.name).distributed_optimizer and p.engine == "megatron"
+            and p.use_distributed_optimizer):
         add(f"optim.name={o.name} with parallel.use_distributed_optimizer=true: megatron-core's distributed-optimizer "
             "checkpoints hold Adam's state only, so this run could not be resumed. Fix: optim=adamw, or a parallel "
             "option without the distributed optimizer.")
@@ -234,29 +224,31 @@ def validate(cfg: JobConfig) -> None:
 
 def _deepspeed_problems(cfg: JobConfig, add) -> None:
     """engine=deepspeed: megatron-core GPTModel with TP, under ZeRO; what it does not combine with."""
-    from ..engines.deepspeed.ds_config import load_template, problems, template_path
-    p, o = cfg.parallel, cfg.optim
-    if p.zero_stage not in (0, 1, 2, 3):
-        add(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3.")
+    p, o, ds = cfg.parallel, cfg.optim, cfg.deepspeed
+    if ds.zero_stage not in (0, 1, 2, 3):
+        add(f"deepspeed.zero_stage={ds.zero_stage} must be 0, 1, 2 or 3.")
     if p.pipeline_model_parallel_size > 1 or p.virtual_pipeline_model_parallel_size:
-        add(f"parallel.pipeline_model_parallel_size={p.pipeline_model_parallel_size} with engine=deepspeed: DeepSpeed's "
+        add(f"parallel.pipeline_model_parallel_size={p.pipeline_model_parallel_size} with engine=deepspeed: "
+            "DeepSpeed's "
             "pipeline needs a PipelineModule (the model as a flat layer list), a fork of the GPTModel both engines and "
             "the export share. Fix: PP=1 (ZeRO-3 for memory), or engine=megatron for PP.")
     if p.context_parallel_size > 1 or p.sequence_parallel:
         add("parallel.context_parallel_size>1 / sequence_parallel=true with engine=deepspeed: their gradient "
             "reductions live in megatron-core's DDP, which this engine replaces. Fix: engine=megatron.")
     if p.use_distributed_optimizer:
-        add("parallel.use_distributed_optimizer is the megatron engine's ZeRO-1. Fix: with engine=deepspeed use zero_stage=1.")
+        add("parallel.use_distributed_optimizer is the megatron engine's ZeRO-1. Fix: with engine=deepspeed use "
+            "deepspeed.zero_stage=1.")
     for flag in ("overlap_grad_reduce", "overlap_param_gather"):
         if getattr(p, flag):
             add(f"parallel.{flag} is a megatron-core DDP setting and does nothing under DeepSpeed. Fix: remove it "
                 "(ZeRO stage and the template's overlap_comm cover it).")
-    if p.offload_optimizer and p.zero_stage < 1:
-        add("parallel.offload_optimizer=true needs parallel.zero_stage>=1.")
-    if p.offload_param and p.zero_stage != 3:
-        add("parallel.offload_param=true needs parallel.zero_stage=3.")
+    if ds.offload_optimizer and ds.zero_stage < 1:
+        add("deepspeed.offload_optimizer=true needs deepspeed.zero_stage>=1.")
+    if ds.offload_param and ds.zero_stage != 3:
+        add("deepspeed.offload_param=true needs deepspeed.zero_stage=3.")
     if cfg.checkpoint.async_save:
-        add("checkpoint.async_save=true with engine=deepspeed: the DeepSpeed engine saves synchronously. Fix: remove it.")
+        add("checkpoint.async_save=true with engine=deepspeed: the DeepSpeed engine saves synchronously. Fix: remove "
+            "it.")
     if o.name != "adamw":
         add(f"optim.name={o.name} with engine=deepspeed: the DeepSpeed engine builds AdamW from the template's "
             "optimizer section. Fix: optim=adamw, or engine=megatron.")

@@ -1,56 +1,22 @@
-"""What both engines share: the step result, the token-mean loss (with z-loss), the process
-group, and the weight-decay rule. The model itself is megatron-core's GPTModel in both."""
+"""What both engines share: the token-mean loss (with z-loss), the process group, RNG state,
+and the weight-decay rule. The model itself is megatron-core's GPTModel in both
+(pretrain/model/); the contract they implement is pretrain/engines/base.py."""
 from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
-from typing import List, Optional
+from datetime import timedelta
+from typing import List
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 
-class EngineBase:
-    """What both engines share around the loop's interface (pretrain/loop.py); subclasses define
-    `name` and `close()` (release the engine, keep the process group)."""
-    name = ""
-
-    def is_logging_rank(self) -> bool:
-        return dist.get_rank() == dist.get_world_size() - 1   # the last PP stage holds the loss first
-
-    def _log(self, text: str) -> None:
-        if self.is_logging_rank():
-            print(text, flush=True)
-
-    def _check_engine(self, directory, meta: dict) -> None:
-        written_by = meta["engine_state"]["engine"]
-        if written_by != self.name:
-            raise ValueError(f"{directory}: written by the {written_by} engine; this run uses {self.name}. Export it "
-                             "to one fp32 state dict and start from its weights (README, Checkpoints).")
-
-    def shutdown(self) -> None:
-        self.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-@dataclass
-class StepResult:
-    loss: float                 # mean token loss of the step (all DP ranks, all micro-batches)
-    grad_norm: Optional[float]
-    skipped: bool               # update not applied (fp16 overflow, or rejected)
-    loss_scale: Optional[float]
-    rejected: bool = False      # skipped because the loop's spike policy said so
-    z_loss: Optional[float] = None   # mean z-loss term (model.z_loss_coeff > 0), not included in `loss`
-
-
 def init_distributed(timeout_minutes: int = 30) -> None:
     """torch.distributed from torchrun/SLURM env: NCCL on GPUs, gloo on CPU."""
     if dist.is_initialized():
         return
-    from datetime import timedelta
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
         # `srun` one task per GPU (launch/templates/sbatch.j2): ranks from SLURM; the batch script
         # exports MASTER_ADDR/MASTER_PORT (first host of the allocation, a port from the job id).

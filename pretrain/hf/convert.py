@@ -19,7 +19,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -27,7 +29,7 @@ from omegaconf import OmegaConf
 from ..checkpoint import Checkpoint, CheckpointStore, resolve
 from ..config import finalize
 from ..config.schema import JobConfig
-from .mapping import State, from_hf, hf_config, to_hf, unsupported
+from ..model.hf_mapping import State, from_hf, hf_config, to_hf, unsupported
 
 
 def config_of(ck: Checkpoint) -> JobConfig:
@@ -35,12 +37,14 @@ def config_of(ck: Checkpoint) -> JobConfig:
 
 
 def single_process(cfg: JobConfig) -> JobConfig:
-    """`cfg` on one process: TP=PP=CP=1, fp32, plain optimizer; the vocab padded as the run padded it."""
+    """`cfg` on one process and the megatron engine: TP=PP=CP=1, fp32, plain optimizer; the vocab padded
+    as the run padded it."""
     d = OmegaConf.structured(cfg)
     tp = cfg.parallel.tensor_model_parallel_size
     d.model.make_vocab_size_divisible_by = cfg.model.make_vocab_size_divisible_by * tp
     d.parallel = OmegaConf.structured(type(cfg.parallel)())
     d.precision = OmegaConf.structured(type(cfg.precision)())
+    d.deepspeed = OmegaConf.structured(type(cfg.deepspeed)())
     d.cluster.nodes, d.cluster.devices_per_node, d.cluster.launcher = 1, 1, "local"
     d.batch.global_batch_size, d.batch.ramp_start = d.batch.micro_batch_size, None
     d.stability.watchdog_minutes = 0
@@ -50,7 +54,6 @@ def single_process(cfg: JobConfig) -> JobConfig:
 
 def single_rank() -> None:
     """A 1-process gloo group and TP=PP=1 parallel state in this process (export/import are not launched)."""
-    import socket
 
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -128,7 +131,6 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
 
 def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
     """An HF GPT-2/Llama directory -> a megatron-engine checkpoint (step 0) of recipe `cfg`."""
-    from dataclasses import asdict
 
     from transformers import AutoModelForCausalLM
 
@@ -175,7 +177,8 @@ def main() -> int:
             print(f">> exported {source} -> {out} (AutoModelForCausalLM.from_pretrained('{out}'))")
             return 0
         if action == "import":
-            from ..cli_args import split_overrides
+            from common.cli import split_overrides
+
             from ..config import load_recipe
             if not env.get("INPUT") or not env.get("OUTPUT"):
                 print("usage: make import-hf INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<checkpoint dir>", file=sys.stderr)

@@ -12,21 +12,17 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.utils import init_method_normal
 
-from ...config.schema import JobConfig
+from ..config.schema import JobConfig
 
 
 def has_transformer_engine() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def params_dtype(cfg: JobConfig) -> torch.dtype:
-    return torch.bfloat16 if cfg.precision.bf16 else torch.float16 if cfg.precision.fp16 else torch.float32
-
-
 def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> TransformerConfig:
     m, p, d, pr = cfg.model, cfg.parallel, cfg.derived, cfg.precision
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
-    dtype = params_dtype(cfg)
+    dtype = pr.torch_dtype
     backend = m.attention_backend
     if not on_gpu and backend in ("auto", "flash", "fused"):
         backend = "local"   # flash/fused kernels are CUDA-only; 'local' is megatron-core's torch path

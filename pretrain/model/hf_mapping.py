@@ -44,7 +44,8 @@ def unsupported(cfg: JobConfig) -> List[str]:
         if m.position_embedding_type != "rope" or m.rotary_percent != 1.0:
             problems.append("Llama needs RoPE on the whole head (model.position_embedding_type=rope, rotary_percent=1)")
         if m.normalization != "RMSNorm" or m.activation != "swiglu" or m.add_bias_linear:
-            problems.append("Llama needs RMSNorm, SwiGLU and no biases (model.normalization/activation/add_bias_linear)")
+            problems.append("Llama needs RMSNorm, SwiGLU and no biases "
+                            "(model.normalization/activation/add_bias_linear)")
     return problems
 
 
@@ -150,7 +151,7 @@ def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
     """Our (canonical) state dict -> the HF model's state dict (vocab cut to `vocab_size`)."""
     s, out = canonical(state), {}
     for ours, theirs, forward, _ in rules(cfg, vocab_size):
-        out.update(zip(theirs, forward(*(s[k] for k in ours))))
+        out.update(zip(theirs, forward(*(s[k] for k in ours)), strict=True))
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -160,7 +161,7 @@ def from_hf(hf: State, cfg: JobConfig) -> State:
     vocab = hf["transformer.wte.weight" if cfg.model.arch == "gpt" else "model.embed_tokens.weight"].shape[0]
     s: State = {}
     for ours, theirs, _, backward in rules(cfg, vocab):
-        s.update(zip(ours, backward(*(hf[k] for k in theirs))))
+        s.update(zip(ours, backward(*(hf[k] for k in theirs)), strict=True))
     return {k: v.contiguous() for k, v in s.items()}
 
 

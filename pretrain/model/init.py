@@ -17,7 +17,7 @@ import re
 import torch
 from megatron.core import parallel_state
 
-from ...config.schema import JobConfig
+from ..config.schema import JobConfig
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
 

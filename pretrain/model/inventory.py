@@ -8,10 +8,12 @@ row-parallel weights are split but their bias is replicated, norms are replicate
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from ..config.schema import JobConfig
 from ..config.validate import pipeline_stage_layers
+from .hf_mapping import TE_NAMES
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,8 @@ class Tensor:
     split: str = "none"          # "none" (replicated over TP), "row" (dim 0 split), "col" (dim 1 split)
     matmul: bool = False         # a GEMM weight (counts in 6N FLOPs)
     embedding: bool = False
+    vocab: bool = False          # dim 0 is the (padded) vocabulary
+    gated: bool = False          # dim 0 is [gate; up], each half split over TP on its own (SwiGLU fc1)
 
     @property
     def numel(self) -> int:
@@ -61,7 +65,7 @@ def layer_tensors(cfg: JobConfig) -> list[Tensor]:
     if bias:
         t.append(Tensor("self_attention.linear_proj.bias", (h,)))
     t += _norm("pre_mlp_layernorm", h, cfg)
-    t.append(Tensor("mlp.linear_fc1.weight", (fc1_out, h), "row", matmul=True))
+    t.append(Tensor("mlp.linear_fc1.weight", (fc1_out, h), "row", matmul=True, gated=m.activation == "swiglu"))
     if bias:
         t.append(Tensor("mlp.linear_fc1.bias", (fc1_out,), "row"))
     t.append(Tensor("mlp.linear_fc2.weight", (h, d.ffn_hidden_size), "col", matmul=True))
@@ -72,7 +76,8 @@ def layer_tensors(cfg: JobConfig) -> list[Tensor]:
 
 def embedding_tensors(cfg: JobConfig) -> list[Tensor]:
     m, d = cfg.model, cfg.derived
-    t = [Tensor("embedding.word_embeddings.weight", (d.padded_vocab_size, m.hidden_size), "row", embedding=True)]
+    t = [Tensor("embedding.word_embeddings.weight", (d.padded_vocab_size, m.hidden_size), "row", embedding=True,
+                vocab=True)]
     if m.position_embedding_type == "learned_absolute":
         t.append(Tensor("embedding.position_embeddings.weight", (d.max_position_embeddings, m.hidden_size),
                         embedding=True))
@@ -87,7 +92,7 @@ def head_tensors(cfg: JobConfig, *, tied_copy: bool) -> list[Tensor]:
     m, d = cfg.model, cfg.derived
     t = _norm("decoder.final_layernorm", m.hidden_size, cfg)
     if m.untie_embeddings_and_output_weights or tied_copy:
-        t.append(Tensor("output_layer.weight", (d.padded_vocab_size, m.hidden_size), "row", matmul=True))
+        t.append(Tensor("output_layer.weight", (d.padded_vocab_size, m.hidden_size), "row", matmul=True, vocab=True))
     return t
 
 
@@ -104,7 +109,8 @@ def stage_tensors(cfg: JobConfig) -> list[list[Tensor]]:
         if i == 0:
             tensors = embedding_tensors(cfg) + tensors
         if i == pp - 1:
-            tensors = tensors + head_tensors(cfg, tied_copy=pp > 1 and not cfg.model.untie_embeddings_and_output_weights)
+            tied_copy = pp > 1 and not cfg.model.untie_embeddings_and_output_weights
+            tensors = tensors + head_tensors(cfg, tied_copy=tied_copy)
         stages.append(tensors)
     return stages
 
@@ -120,3 +126,20 @@ def count_params(cfg: JobConfig) -> dict:
     # The output projection is a GEMM whether or not its weight is tied to the embedding.
     matmul += cfg.derived.padded_vocab_size * cfg.model.hidden_size
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "matmul": matmul}
+
+
+def tp_split_patterns(cfg: JobConfig) -> dict[str, list[str]]:
+    """How TP cuts each tensor, as name patterns (for tools that merge and re-split TP slices,
+    e.g. DeepSpeed's universal checkpoints): "replicated", "dim1" (row-parallel linears), "vocab",
+    "gated" (two sub-parameters along dim 0); the rest is split along dim 0. Transformer Engine
+    specs hold the pre-attention/-MLP norms inside the next linear: both spellings are given."""
+    te_spelling = {local: te for te, local in TE_NAMES.items()}
+    tensors = embedding_tensors(cfg) + layer_tensors(cfg) + head_tensors(cfg, tied_copy=True)
+    out: dict[str, list[str]] = {"replicated": [], "dim1": [], "vocab": [], "gated": []}
+    for t in tensors:
+        names = [t.name] + ([te_spelling[t.name]] if t.name in te_spelling else [])
+        kinds = [k for k, on in (("replicated", t.split == "none"), ("dim1", t.split == "col"), ("vocab", t.vocab),
+                                 ("gated", t.gated)) if on]
+        for kind in kinds:
+            out[kind] += [rf"(.*\.)?{re.escape(name)}$" for name in names]
+    return out

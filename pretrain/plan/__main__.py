@@ -6,16 +6,11 @@ import json
 import os
 import sys
 
-from ..cli_args import add_recipe_args, env_flag, recipe_and_overrides
+from common.cli import add_recipe_args, env_flag, recipe_and_overrides
+
 from ..config import ConfigError, load_recipe
+from . import human
 from .estimate import make_plan
-
-
-def human(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return f"{n:.3g}"
 
 
 def render(plan: dict) -> str:
@@ -24,7 +19,8 @@ def render(plan: dict) -> str:
     hours = plan["time_to_budget_hours"]
     lines = [
         f"plan for {plan['recipe']}",
-        f"  parameters        {plan['params']:,} ({human(plan['params'])}; non-embedding {plan['params_non_embedding']:,})",
+        f"  parameters        {plan['params']:,} ({human(plan['params'])}; non-embedding "
+        f"{plan['params_non_embedding']:,})",
         f"  layout            {lay['engine']} TP={lay['tp']} PP={lay['pp']} CP={lay['cp']} DP={lay['dp']} "
         f"SP={lay['sp']} ZeRO={lay['zero']} recompute={lay['recompute']} {lay['precision']}",
         f"  batch             micro {lay['micro_batch']} x {lay['num_microbatches']} micro-batches x DP "

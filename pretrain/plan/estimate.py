@@ -4,9 +4,9 @@ from __future__ import annotations
 from typing import Optional
 
 from ..config.schema import JobConfig
+from ..model.inventory import count_params
 from .hardware import peak_tflops
 from .memory import memory_per_gpu
-from .params import count_params
 
 CHINCHILLA_TOKENS_PER_PARAM = 20   # Hoffmann et al. 2022, compute-optimal rule of thumb
 
@@ -35,7 +35,7 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: float = 0.4) -> d
     params = count_params(cfg)
     flops = flops_per_token(cfg, params)
     gpus = gpus or d.world_size
-    half = cfg.precision.bf16 or cfg.precision.fp16
+    half = cfg.precision.half
     peak = peak_tflops(cfg.cluster.gpu_type, half)
     total_flops = flops["model"] * d.train_tokens
     seconds = total_flops / (gpus * peak * 1e12 * mfu) if peak else None
@@ -63,9 +63,9 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: float = 0.4) -> d
         "time_to_budget_hours": round(seconds / 3600, 2) if seconds else None,
         "layout": {"engine": p.engine, "tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
                    "cp": p.context_parallel_size, "dp": d.data_parallel_size, "sp": p.sequence_parallel,
-                   "zero": p.zero_stage if p.engine == "deepspeed" else int(p.use_distributed_optimizer),
+                   "zero": cfg.deepspeed.zero_stage if p.engine == "deepspeed" else int(p.use_distributed_optimizer),
                    "recompute": p.recompute_granularity,
-                   "precision": "bf16" if cfg.precision.bf16 else "fp16" if cfg.precision.fp16 else "fp32",
+                   "precision": cfg.precision.dtype,
                    "micro_batch": cfg.batch.micro_batch_size, "global_batch": cfg.batch.global_batch_size,
                    "num_microbatches": d.num_microbatches},
     }

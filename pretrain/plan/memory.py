@@ -1,6 +1,6 @@
 """Memory per GPU: weights / grads / optimizer states / activations, per pipeline stage.
 
-Sources (formulas in README "Planner formulas"):
+Sources (formulas in docs/planner.md):
 * states: ZeRO paper (Rajbhandari et al. 2020): mixed-precision Adam holds 2-byte params,
   fp32 grads (megatron-core's main_grad when precision.grad_reduce_in_fp32), and 12 bytes
   of optimizer state (fp32 master, m, v); the distributed optimizer / ZeRO-1 divides the
@@ -12,31 +12,20 @@ from __future__ import annotations
 
 from ..config.schema import JobConfig
 from ..config.validate import pipeline_stage_layers
-from .params import stage_tensors
+from ..model.inventory import stage_tensors
+from ..optim import OPTIMIZERS
 
 GIB = 1024**3
 
 
 def _bytes_per_element(cfg: JobConfig) -> int:
-    return 2 if (cfg.precision.bf16 or cfg.precision.fp16) else 4
+    return 2 if cfg.precision.half else 4
 
 
-def _optimizer_state_bytes(cfg: JobConfig, tensors, tp: int) -> float:
-    mixed = cfg.precision.bf16 or cfg.precision.fp16
-    master = 4 if mixed else 0
-    name = cfg.optim.name
-    total = 0.0
-    for t in tensors:
-        n = t.per_rank(tp)
-        if name == "adamw":
-            total += n * (master + 8)
-        elif name == "lion":
-            total += n * (master + 4)
-        else:  # adafactor: factored second moment (rows + cols) for matrices, full for vectors
-            shape = t.per_rank_shape(tp)
-            second = (shape[0] + shape[1]) if len(shape) == 2 else n
-            total += n * master + 4 * second
-    return total
+def optimizer_state_bytes(cfg: JobConfig, tensors, tp: int) -> float:
+    master = 4 if cfg.precision.half else 0        # fp32 main params beside the 2-byte model params
+    state_bytes = OPTIMIZERS.get(cfg.optim.name).state_bytes
+    return sum(t.per_rank(tp) * master + state_bytes(t.per_rank_shape(tp)) for t in tensors)
 
 
 def activation_bytes_per_layer(cfg: JobConfig, granularity: str | None = "recipe") -> float:
@@ -77,7 +66,7 @@ def memory_per_gpu(cfg: JobConfig) -> dict:
     tp, pp, dp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, d.data_parallel_size
     e = _bytes_per_element(cfg)
     grad_bytes = 4 if (e == 4 or cfg.precision.grad_reduce_in_fp32) else e
-    zero = p.zero_stage if p.engine == "deepspeed" else (1 if p.use_distributed_optimizer else 0)
+    zero = cfg.deepspeed.zero_stage if p.engine == "deepspeed" else (1 if p.use_distributed_optimizer else 0)
     layers = pipeline_stage_layers(cfg.model.num_layers, pp, p.num_layers_in_first_pipeline_stage,
                                    p.num_layers_in_last_pipeline_stage)
     per_layer = activation_bytes_per_layer(cfg)
@@ -89,10 +78,10 @@ def memory_per_gpu(cfg: JobConfig) -> dict:
         n = sum(t.per_rank(tp) for t in tensors)
         weights = n * e / (dp if zero >= 3 else 1)
         grads = n * grad_bytes / (dp if zero >= 2 else 1)
-        optimizer = _optimizer_state_bytes(cfg, tensors, tp) / (dp if zero >= 1 else 1)
-        if p.engine == "deepspeed" and p.offload_optimizer:
+        optimizer = optimizer_state_bytes(cfg, tensors, tp) / (dp if zero >= 1 else 1)
+        if p.engine == "deepspeed" and cfg.deepspeed.offload_optimizer:
             optimizer = 0.0
-        if p.engine == "deepspeed" and p.offload_param:
+        if p.engine == "deepspeed" and cfg.deepspeed.offload_param:
             weights = 0.0
         activations = per_layer * layers[i] * max(1, in_flight - i)
         if p.recompute_granularity == "full":   # the recomputed group's working set in backward

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..base import same_placement
 from ..common import reseed, rng_state, set_rng_state
 
 
@@ -37,9 +38,10 @@ def _universal_dir(engine, directory: Path) -> Path:
 def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> None:
     from . import universal
     saved, now = meta["engine_state"], engine.checkpoint_meta()
-    same_layout = saved["layout"] == now["layout"]
+    same_layout = same_placement(saved["layout"], now["layout"])
     if saved.get("zero_stage") != now["zero_stage"] and not weights_only:
-        log(f"NOTE: {directory} was written with ZeRO-{saved.get('zero_stage')}, this run uses ZeRO-{now['zero_stage']}: "
+        log(f"NOTE: {directory} was written with ZeRO-{saved.get('zero_stage')}, this run uses "
+            f"ZeRO-{now['zero_stage']}: "
             "loading through the universal format.")
         same_layout = False
     load_dir, tag = directory.parent, directory.name

@@ -21,6 +21,7 @@ from ...config.schema import JobConfig
 
 DS_CONFIGS = REPO_ROOT / "ds_configs"
 AUTO = "auto"
+OFFLOADS = ("offload_optimizer", "offload_param")   # deepspeed.<name> <-> zero_optimization.<name>
 # Sections the recipe cannot express; a template that sets them would be silently ignored or fight the loop.
 REFUSED = {"scheduler": "the loop sets the LR from schedule.* every step; remove the section",
            "activation_checkpointing": "activation recompute is megatron-core's (parallel.recompute_*) in both "
@@ -29,18 +30,18 @@ REFUSED = {"scheduler": "the loop sets the LR from schedule.* every step; remove
 
 
 def template_path(cfg: JobConfig) -> Path:
-    p = cfg.parallel
-    if p.ds_config_template:
-        path = Path(p.ds_config_template)
+    ds = cfg.deepspeed
+    if ds.config_template:
+        path = Path(ds.config_template)
         return path if path.is_absolute() else REPO_ROOT / path
-    name = f"zero{p.zero_stage}" + ("_offload" if p.offload_optimizer else "") + ("_param" if p.offload_param else "")
+    name = f"zero{ds.zero_stage}" + ("_offload" if ds.offload_optimizer else "")
+    name += "_param" if ds.offload_param else ""
     return DS_CONFIGS / f"{name}.json"
 
 
 def recipe_values(cfg: JobConfig, on_cpu: bool) -> Dict[str, Any]:
     """Dotted DeepSpeed key -> the value the recipe gives it."""
-    pr, o, b, p, d = cfg.precision, cfg.optim, cfg.batch, cfg.parallel, cfg.derived
-    half = pr.bf16 or pr.fp16
+    pr, o, b, d = cfg.precision, cfg.optim, cfg.batch, cfg.derived
     values = {
         "train_batch_size": b.global_batch_size,
         "train_micro_batch_size_per_gpu": b.micro_batch_size,
@@ -53,13 +54,13 @@ def recipe_values(cfg: JobConfig, on_cpu: bool) -> Dict[str, Any]:
         "fp16.hysteresis": pr.hysteresis,
         "fp16.min_loss_scale": pr.min_loss_scale,
         "bf16.enabled": pr.bf16,
-        "data_types.grad_accum_dtype": "fp32" if (pr.grad_reduce_in_fp32 or not half) else ("bf16" if pr.bf16 else "fp16"),
+        "data_types.grad_accum_dtype": "fp32" if (pr.grad_reduce_in_fp32 or not pr.half) else pr.dtype,
         "optimizer.type": "AdamW",
         "optimizer.params.lr": o.lr,
         "optimizer.params.betas": [o.adam_beta1, o.adam_beta2],
         "optimizer.params.eps": o.adam_eps,
         "optimizer.params.weight_decay": o.weight_decay,
-        "zero_optimization.stage": p.zero_stage,
+        "zero_optimization.stage": cfg.deepspeed.zero_stage,
         # CPU adaptations (see cpu_compat.py): torch's AdamW instead of JIT-built FusedAdam / cpu_adam.
         "optimizer.params.torch_adam": on_cpu,
         "zero_force_ds_cpu_optimizer": not on_cpu,
@@ -75,8 +76,8 @@ def load_template(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise ValueError(f"{path}: no such DeepSpeed template (parallel.ds_config_template, or ds_configs/ by "
-                         "zero_stage/offload). Fix: point parallel.ds_config_template at a JSON file.") from None
+        raise ValueError(f"{path}: no such DeepSpeed template (deepspeed.config_template, or ds_configs/ by "
+                         "zero_stage/offload). Fix: point deepspeed.config_template at a JSON file.") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg}).") from None
 
@@ -113,12 +114,12 @@ def problems(cfg: JobConfig, template: dict, path: Path, on_cpu: bool = True) ->
             found.append(f"{path}: \"{key}\" is {have!r} but the recipe gives {want!r}. Fix: write \"auto\" there "
                          "(the recipe fills it) or change the recipe.")
     zero = template.get("zero_optimization", {})
-    p = cfg.parallel
-    for flag, section in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_param")):
+    for section in OFFLOADS:
         on = _offload_device(zero.get(section)) not in ("none", AUTO)
-        if on != getattr(p, flag) and zero.get(section) != AUTO:
+        wanted = getattr(cfg.deepspeed, section)
+        if on != wanted and zero.get(section) != AUTO:
             found.append(f"{path}: zero_optimization.{section}.device is {_offload_device(zero.get(section))!r} but "
-                         f"parallel.{flag}={getattr(p, flag)}. Fix: pick the matching template or change the recipe.")
+                         f"deepspeed.{section}={wanted}. Fix: pick the matching template or change the recipe.")
     return found
 
 
@@ -133,15 +134,16 @@ def render(cfg: JobConfig, on_cpu: bool) -> dict:
         if _get(config, key) in (None, AUTO):
             _set(config, key, value)
     zero = config.setdefault("zero_optimization", {})
-    for flag, section in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_param")):
+    for section in OFFLOADS:
         if zero.get(section) == AUTO:
-            zero[section] = {"device": "cpu", "pin_memory": True} if getattr(cfg.parallel, flag) else {"device": "none"}
+            on = getattr(cfg.deepspeed, section)
+            zero[section] = {"device": "cpu", "pin_memory": True} if on else {"device": "none"}
     if cfg.logging.tensorboard:
         # DeepSpeed's own monitor (loss scale, samples, its timers) beside the loop's metrics.
         config.setdefault("tensorboard", {"enabled": True, "output_path": str(Path(cfg.run_dir) / "tensorboard"),
                                           "job_name": "deepspeed"})
-    if cfg.profile.flops_profile_step > 0:
-        config["flops_profiler"] = {"enabled": True, "profile_step": cfg.profile.flops_profile_step,
+    if cfg.deepspeed.flops_profile_step > 0:
+        config["flops_profiler"] = {"enabled": True, "profile_step": cfg.deepspeed.flops_profile_step,
                                     "module_depth": -1, "top_modules": 3, "detailed": True,
                                     "output_file": str(Path(cfg.run_dir) / "flops_profile.txt")}
     leftover = [k for k in _auto_keys(config)]

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from ...config.schema import JobConfig
-from ..common import EngineBase, StepResult, exempt_from_weight_decay, init_distributed, token_mean_loss
+from ..base import Engine, StepResult
+from ..common import exempt_from_weight_decay, init_distributed, token_mean_loss
 from . import cpu_compat
 from .ds_config import render
 
@@ -83,7 +84,7 @@ class _Veto:
         return None
 
 
-class DeepSpeedEngine(EngineBase):
+class DeepSpeedEngine(Engine):
     name = "deepspeed"
 
     def __init__(self, cfg: JobConfig):
@@ -119,12 +120,12 @@ class DeepSpeedEngine(EngineBase):
 
     # ---- construction ---------------------------------------------------------------
     def _build_model(self, deepspeed):
-        from ..megatron.init import layout_invariant_init
-        from ..megatron.model import build_gpt_model, transformer_config
+        from ...model.gpt import build_gpt_model, transformer_config
+        from ...model.init import layout_invariant_init
         from .universal import set_universal_info
         cfg = self.cfg
         self.tconfig = transformer_config(cfg)
-        stage3 = cfg.parallel.zero_stage == 3
+        stage3 = cfg.deepspeed.zero_stage == 3
         # ZeRO-3: parameters are partitioned as each module is built, never whole on one rank.
         if stage3:
             with deepspeed.zero.Init(config_dict_or_path=self.ds_config, mpu=self.mpu,
@@ -196,7 +197,7 @@ class DeepSpeedEngine(EngineBase):
             loss, parts = self._micro_losses(batch)
             self.ds.backward(loss / n, scale_wrt_gas=False)
             detached = [parts["lm loss"]] + ([parts["z loss"]] if z else [])
-            sums = detached if sums is None else [a + b for a, b in zip(sums, detached)]
+            sums = detached if sums is None else [a + b for a, b in zip(sums, detached, strict=True)]
         means = self._mean_over_dp([s / n for s in sums])
         loss_value, z_value = means[0], (means[1] if z else None)
         skipped_before = self.ds.skipped_steps
@@ -222,19 +223,25 @@ class DeepSpeedEngine(EngineBase):
 
     # ---- checkpoints (pretrain/checkpoint.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:
-        p = self.cfg.parallel
-        precision = "bf16" if self.cfg.precision.bf16 else "fp16" if self.cfg.precision.fp16 else "fp32"
-        return {"engine": self.name, "precision": precision, "zero_stage": p.zero_stage,
-                "layout": {"tp": p.tensor_model_parallel_size, "pp": 1, "vpp": None, "cp": 1, "dp": self.dp_size,
-                           "world_size": dist.get_world_size(), "distributed_optimizer": False}}
+        return {"engine": self.name, "precision": self.cfg.precision.dtype, "zero_stage": self.cfg.deepspeed.zero_stage,
+                "layout": self.layout()}
+
+    def layout(self) -> dict:
+        return {"tp": self.cfg.parallel.tensor_model_parallel_size, "pp": 1, "vpp": None, "cp": 1, "ep": 1,
+                "dp": self.dp_size, "world_size": dist.get_world_size(), "zero_stage": self.cfg.deepspeed.zero_stage,
+                "distributed_optimizer": False}
+
+    def parameters_on_rank(self) -> int:
+        # ZeRO-3 partitions each parameter over DP: ds_tensor is this rank's partition.
+        return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in self.ds.module.parameters())
 
     def save_checkpoint(self, directory, on_done=lambda: None) -> None:
         from . import checkpointing
         checkpointing.save(self, Path(directory))
         on_done()
 
-    def finalize_saves(self, blocking: bool) -> None:   # saves are synchronous (checkpoint.async_save refused)
-        pass
+    def finalize_saves(self, blocking: bool) -> None:
+        """Saves are synchronous (checkpoint.async_save is refused): every save was committed in save_checkpoint."""
 
     def load_checkpoint(self, directory, meta: dict, weights_only: bool) -> None:
         from . import checkpointing
@@ -242,6 +249,5 @@ class DeepSpeedEngine(EngineBase):
         checkpointing.load(self, Path(directory), meta, weights_only, log=self._log)
 
     def close(self) -> None:
-        """Release the engine and the parallel state; the process group stays (another engine may follow)."""
         self.ds.destroy()
         self.ps.destroy_model_parallel()

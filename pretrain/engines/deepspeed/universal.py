@@ -3,35 +3,36 @@
 `ds_to_universal` turns a ZeRO checkpoint (any stage, N ranks) into one file per parameter
 (fp32 weight and optimizer moments, TP slices merged), which a run of any DP/TP size loads
 with `"checkpoint": {"load_universal": true}`. To merge and re-split TP slices it needs to
-know, per parameter name, how the slices were cut: the patterns below say it for
-megatron-core's names (column-parallel is DeepSpeed's default dim 0).
+know, per parameter name, how the slices were cut: the model's tensor inventory says it
+(pretrain/model/inventory.py; column-parallel is DeepSpeed's default dim 0).
 """
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
 from pathlib import Path
 
 from ...config.schema import JobConfig
+from ...model.inventory import tp_split_patterns
 
 
 def set_universal_info(model, cfg: JobConfig) -> None:
     from deepspeed.checkpoint import constants as c
+    split = tp_split_patterns(cfg)
     info = {
         c.UNIVERSAL_CHECKPOINT_VERSION_KEY: c.UNIVERSAL_CHECKPOINT_VERSION_VALUE,
-        # Same on every TP rank: norms, position table, row-parallel biases.
-        c.TP_REPLICATED_PARAMETER_PATTERNS: [r".*norm.*", r".*position_embeddings\.weight$",
-                                             r".*linear_proj\.bias$", r".*linear_fc2\.bias$"],
-        c.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS: [r".*linear_proj\.weight$", r".*linear_fc2\.weight$"],
-        c.VOCABULARY_PARAMETER_PATTERNS: [r".*word_embeddings\.weight$", r".*output_layer\.weight$"],
+        c.TP_REPLICATED_PARAMETER_PATTERNS: split["replicated"],        # norms, position table, row-parallel biases
+        c.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS: split["dim1"],       # megatron's RowParallelLinear weights
+        c.VOCABULARY_PARAMETER_PATTERNS: split["vocab"],
         # ds_to_universal cuts vocab tensors to this many rows. The padded rows are kept: they sit in
         # the softmax denominator, so dropping them would change the loss; another TP size that pads
         # further gets zero rows appended on load.
         c.ORIGINAL_VOCAB_SIZE: cfg.derived.padded_vocab_size,
         c.PADDED_VOCAB_SIZE: cfg.derived.padded_vocab_size,
     }
-    if cfg.model.activation == "swiglu":   # fc1 = [gate; up], each cut over TP
-        info[c.PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0] = [r".*linear_fc1\.weight$"]
+    if split["gated"]:                     # SwiGLU fc1 = [gate; up], each cut over TP
+        info[c.PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0] = split["gated"]
     # The converter (strict) refuses patterns no parameter matches: keep those this model has.
     names = [name for name, _ in model.named_parameters()]
     for key, value in info.items():
@@ -46,7 +47,6 @@ def convert(engine_dir: Path, out_dir: Path) -> None:
     `.float()` on every module entry, and megatron-core's linear layers save `_extra_state`
     as None (kept for Transformer Engine compatibility; their set_extra_state ignores it):
     it converts a staging copy whose model files hold empty tensors there instead."""
-    import shutil
 
     import torch
     from deepspeed.checkpoint.ds_to_universal import main

@@ -18,12 +18,11 @@ reseeded from (seed, step) and the log says so (dropout streams cannot be mapped
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, Optional
 
-import torch
-
-from ...config.schema import JobConfig
+from ..base import same_placement
 from ..common import reseed, rng_state, set_rng_state
 
 MASTER_PREFIX = {True: "optimizer.state.param", False: "optimizer.state.fp32_param"}   # by distributed optimizer
@@ -36,18 +35,6 @@ def unwrap(chunk):
     return chunk
 
 
-def precision_name(cfg: JobConfig) -> str:
-    return "bf16" if cfg.precision.bf16 else "fp16" if cfg.precision.fp16 else "fp32"
-
-
-def layout(engine) -> dict:
-    ps, p = engine.ps, engine.cfg.parallel
-    return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
-            "vpp": p.virtual_pipeline_model_parallel_size, "cp": ps.get_context_parallel_world_size(),
-            "dp": engine.dp_size, "world_size": torch.distributed.get_world_size(),
-            "distributed_optimizer": p.use_distributed_optimizer}
-
-
 def _rank_coords(engine) -> tuple:
     ps = engine.ps
     return (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(),
@@ -56,7 +43,7 @@ def _rank_coords(engine) -> tuple:
 
 def _rng_sharded(engine, state: Optional[dict]):
     from megatron.core.dist_checkpointing.mapping import ShardedObject
-    lay = layout(engine)
+    lay = engine.layout()
     return ShardedObject("rng_state", state, (lay["pp"], lay["tp"], lay["cp"], lay["dp"]), _rank_coords(engine),
                          replica_id=0)
 
@@ -86,13 +73,13 @@ def save(engine, directory: Path, async_save: bool = False):
     state["rng_state"] = _rng_sharded(engine, rng_state())
     strategy = get_default_save_sharded_strategy("torch_dist")
     if engine.dp_size > 1:   # each DP replica writes a part of the replicated tensors (Megatron-LM's default)
-        strategy = FullyParallelSaveStrategyWrapper(strategy, engine.ps.get_data_parallel_group(with_context_parallel=True))
+        group = engine.ps.get_data_parallel_group(with_context_parallel=True)
+        strategy = FullyParallelSaveStrategyWrapper(strategy, group)
     return dist_checkpointing.save(state, str(directory), sharded_strategy=strategy, async_sharded_save=async_save)
 
 
 def _retarget(template: dict, sources_of, saved_keys: set) -> None:
     """Point each sharded tensor at the first of its candidate checkpoint keys that was saved."""
-    from dataclasses import replace
 
     from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
@@ -119,7 +106,7 @@ def _convert_plain_optimizer_state(state: dict, now_half: bool) -> None:
     wrapper's layout: Float16Optimizer nests the torch state under 'optimizer' (beside its fp32
     masters), FP32Optimizer does not. Tensors already sit where this run's template put them."""
     def groups(saved, template):    # saved hyperparameters, this run's params (non-persistent)
-        return [{**g, "params": t["params"]} for g, t in zip(saved, template)]
+        return [{**g, "params": t["params"]} for g, t in zip(saved, template, strict=True)]
 
     if now_half:      # saved by FP32Optimizer, loading into Float16Optimizer
         inner = state.setdefault("optimizer", {})
@@ -144,7 +131,7 @@ def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> 
     saved = meta["engine_state"]
     saved_keys = set(load_tensors_metadata(str(directory)).keys())
     saved_half = saved["precision"] != "fp32"
-    now_half = precision_name(cfg) != "fp32"
+    now_half = cfg.precision.half
     saved_master = MASTER_PREFIX[saved["layout"]["distributed_optimizer"]]
     load_optimizer = not weights_only
     if load_optimizer and saved["layout"]["distributed_optimizer"] != cfg.parallel.use_distributed_optimizer:
@@ -172,8 +159,8 @@ def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> 
         sharding = _optimizer_metadata(saved["distrib_optim_sharding_type"])
         state["optimizer"] = engine.optimizer.sharded_state_dict(state, is_loading=True, metadata=sharding)
     _retarget(state, sources_of, saved_keys)
-    same_layout = {k: v for k, v in saved["layout"].items() if k != "distributed_optimizer"} == \
-        {k: v for k, v in layout(engine).items() if k != "distributed_optimizer"}
+    now = engine.layout()
+    same_layout = same_placement(saved["layout"], now)
     if same_layout and not weights_only:
         state["rng_state"] = _rng_sharded(engine, None)
     loaded = dist_checkpointing.load(state, str(directory), strict="assume_ok_unexpected")
@@ -190,4 +177,4 @@ def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> 
     if "rng_state" in loaded:
         set_rng_state(loaded["rng_state"])
     elif not weights_only:
-        reseed(cfg.seed, meta["step"], f"parallel layout changed {saved['layout']} -> {layout(engine)}", log)
+        reseed(cfg.seed, meta["step"], f"parallel layout changed {saved['layout']} -> {now}", log)

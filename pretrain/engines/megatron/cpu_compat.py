@@ -29,7 +29,9 @@ when an upgrade made the adaptation unnecessary and it should be deleted.
 """
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from typing import Callable, List, NamedTuple
 
 import torch
@@ -107,7 +109,6 @@ def _patch_norms() -> None:
 
 
 def _patch_causal_mask() -> None:
-    import functools
 
     import megatron.core.fusions.fused_softmax as fused_softmax
     import megatron.core.transformer.utils as tutils
@@ -206,7 +207,6 @@ def _probe_tensor_type():
 def _probe_causal_mask():
     """Under full recompute the mask is built inside autograd backward, where this thread's
     TorchFunctionMode is not active; a fresh thread reproduces that."""
-    import threading
 
     from megatron.core.transformer.utils import get_default_causal_mask
     errors = []
@@ -224,11 +224,13 @@ def _probe_causal_mask():
 
 
 def _probe_torch_norm_sp():
+    """Builds the norm the way the GPT layer spec does (its module-level `LNImpl`)."""
+    import megatron.core.models.gpt.gpt_layer_specs as specs
     from megatron.core.transformer import TransformerConfig
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
     cfg = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, tensor_model_parallel_size=2,
                             sequence_parallel=True, use_cpu_initialization=True)
-    WrappedTorchNorm(cfg, 8)
+    norm = specs.LNImpl(cfg, 8)
+    assert all(p.sequence_parallel for p in norm.parameters()), "norm params not marked for the SP all-reduce"
 
 
 ADAPTATIONS: List[Adaptation] = [

@@ -1,8 +1,7 @@
 """The megatron-core engine: GPTModel + parallel layout + DDP + Megatron optimizer.
 
-The loop (pretrain/loop.py) is engine-agnostic; it calls `train_step` and `eval_loss`
-with the step's micro-batches and the step's LR. Everything the engine owns (model
-chunks, optimizer, RNG) is reachable as attributes for checkpointing.
+Implements `Engine` (pretrain/engines/base.py). Everything the engine owns (model chunks,
+optimizer, RNG) is reachable as attributes for checkpointing (checkpointing.py).
 """
 from __future__ import annotations
 
@@ -11,21 +10,28 @@ from typing import Dict, List
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from megatron.core.transformer.module import Float16Module
 
 from ...config.schema import JobConfig
-from ..common import EngineBase, StepResult, init_distributed, token_mean_loss
-from . import cpu_compat
+from ...model.gpt import build_gpt_model, transformer_config
+from ...model.init import layout_invariant_init
+from ..base import Engine, StepResult
+from ..common import init_distributed, token_mean_loss
+from . import checkpointing, cpu_compat, optimizer_state
+from .optimizers import build_optimizer
 
 
-class MegatronEngine(EngineBase):
+class MegatronEngine(Engine):
     name = "megatron"
 
-    def __init__(self, cfg: JobConfig, skip_optimizer_fixes: tuple = ()):
-        """skip_optimizer_fixes: names from optimizer_state.FIXES to leave out (tests only)."""
-        from megatron.core import parallel_state as ps
-        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-        self.cfg, self.skip_optimizer_fixes = cfg, skip_optimizer_fixes
+    def __init__(self, cfg: JobConfig):
+        self.cfg = cfg
         self._async_queue = None
         self.on_cpu = cpu_compat.apply()
         init_distributed(cfg.stability.distributed_timeout_minutes)
@@ -47,11 +53,6 @@ class MegatronEngine(EngineBase):
 
     # ---- construction ---------------------------------------------------------------
     def _build_model(self) -> List[torch.nn.Module]:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-        from .init import layout_invariant_init
-        from .model import build_gpt_model, transformer_config
-
         cfg, ps = self.cfg, self.ps
         self.tconfig = transformer_config(cfg)
         vpp = cfg.parallel.virtual_pipeline_model_parallel_size
@@ -66,14 +67,13 @@ class MegatronEngine(EngineBase):
                 layout_invariant_init(cfg, chunk, chunk.decoder.layers[0].layer_number - 1)   # before any cast
             if not self.on_cpu:
                 chunk.cuda(torch.cuda.current_device())
-            if cfg.precision.bf16 or cfg.precision.fp16:
+            if cfg.precision.half:
                 # Casts params to bf16/fp16, inputs on the first stage and logits back to fp32
                 # on the last (norms and softmax stay fp32 inside megatron-core's modules).
-                from megatron.core.transformer.module import Float16Module
                 chunk = Float16Module(self.tconfig, chunk)
             chunks.append(chunk)
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32 or not (cfg.precision.bf16 or cfg.precision.fp16),
+            grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32 or not cfg.precision.half,
             overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
             overlap_param_gather=cfg.parallel.overlap_param_gather,
             use_distributed_optimizer=cfg.parallel.use_distributed_optimizer,
@@ -82,14 +82,11 @@ class MegatronEngine(EngineBase):
                                         disable_bucketing=i > 0) for i, c in enumerate(chunks)]
 
     def _build_optimizer(self):
-        from . import optimizer_state
-        from .optimizers import build_optimizer
         optimizer = build_optimizer(self.cfg, self.model)
-        optimizer_state.patch(optimizer, skip=self.skip_optimizer_fixes)
+        optimizer_state.patch(optimizer)
         return optimizer
 
     def _wire_grad_hooks(self) -> None:
-        from megatron.core.distributed import finalize_model_grads
         c = self.tconfig
         c.grad_scale_func = self.optimizer.scale_loss
         c.finalize_model_grads_func = finalize_model_grads
@@ -102,8 +99,6 @@ class MegatronEngine(EngineBase):
 
     # ---- steps ----------------------------------------------------------------------
     def _forward_backward(self, micro_batches: List[Dict[str, torch.Tensor]], forward_only: bool):
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
         device = "cpu" if self.on_cpu else torch.cuda.current_device()
 
         z_coeff = self.cfg.model.z_loss_coeff
@@ -149,9 +144,6 @@ class MegatronEngine(EngineBase):
         step's loss and global grad norm before the update; False skips the update, leaving weights
         and optimizer state untouched. Both values come out of collectives (the loss all-reduce,
         the grad-norm all-reduce), so a NaN on any rank reaches every rank and all decide alike."""
-        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
-
-        from .optimizer_state import leaves
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -173,7 +165,7 @@ class MegatronEngine(EngineBase):
         if approve is not None and not approve(loss, grad_norm):
             return StepResult(loss=loss, grad_norm=grad_norm, skipped=True, loss_scale=scale, rejected=True,
                               z_loss=z_loss)
-        for leaf in leaves(opt):
+        for leaf in optimizer_state.leaves(opt):
             params = leaf.get_parameters()
             if params and leaf.config.clip_grad > 0.0:
                 clip_grad_by_total_norm_fp32(params, max_norm=leaf.config.clip_grad, total_norm=grad_norm,
@@ -190,21 +182,17 @@ class MegatronEngine(EngineBase):
 
     # ---- checkpoints (pretrain/checkpoint.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:
-        from . import checkpointing
-        return {"engine": self.name, "precision": checkpointing.precision_name(self.cfg),
-                "layout": checkpointing.layout(self),
+        return {"engine": self.name, "precision": self.cfg.precision.dtype, "layout": self.layout(),
                 "distrib_optim_sharding_type": self.cfg.checkpoint.distrib_optim_sharding_type}
 
     def save_checkpoint(self, directory, on_done=lambda: None) -> None:
         """Write model, optimizer and RNG into `directory`, then call `on_done` on every rank. With
         checkpoint.async_save the shards are written in the background while training goes on and
         `on_done` runs from `finalize_saves` once every rank's writer has finished."""
-        from . import checkpointing
         if not self.cfg.checkpoint.async_save:
             checkpointing.save(self, directory)
             on_done()
             return
-        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
         if self._async_queue is None:
             self._async_queue = AsyncCallsQueue()
         request = checkpointing.save(self, directory, async_save=True)
@@ -217,12 +205,22 @@ class MegatronEngine(EngineBase):
             self._async_queue.maybe_finalize_async_calls(blocking=blocking)
 
     def load_checkpoint(self, directory, meta: dict, weights_only: bool) -> None:
-        from . import checkpointing
         self._check_engine(directory, meta)
         checkpointing.load(self, directory, meta, weights_only, log=self._log)
 
+    def layout(self) -> dict:
+        ps, p = self.ps, self.cfg.parallel
+        return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+                "vpp": p.virtual_pipeline_model_parallel_size, "cp": ps.get_context_parallel_world_size(), "ep": 1,
+                "dp": self.dp_size, "world_size": dist.get_world_size(),
+                "zero_stage": 1 if p.use_distributed_optimizer else 0,
+                "distributed_optimizer": p.use_distributed_optimizer}
+
+    def parameters_on_rank(self) -> int:
+        # A tied output layer on the last PP stage is a second copy of the embedding: held, so counted.
+        return sum(param.numel() for chunk in self.model for param in chunk.parameters())
+
     def close(self) -> None:
-        """Release the parallel state; the process group stays (another engine may follow)."""
         if self._async_queue is not None:
             self._async_queue.close()
         self.ps.destroy_model_parallel()

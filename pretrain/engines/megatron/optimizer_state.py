@@ -62,9 +62,9 @@ def materialize_state(inner: torch.optim.Optimizer, config=None) -> None:
     try:
         inner.step()
     finally:
-        for g, (lr, wd) in zip(inner.param_groups, saved):
+        for g, (lr, wd) in zip(inner.param_groups, saved, strict=True):
             g["lr"], g["weight_decay"] = lr, wd
-        for p, grad in zip(params, grads):
+        for p, grad in zip(params, grads, strict=True):
             p.grad = grad
 
 
@@ -99,7 +99,8 @@ def _factored_state_support() -> None:
     def make_sharded_optimizer_tensor(model_param, optim_param, prefix):
         if isinstance(model_param, ShardedTensor) and tuple(optim_param.shape) != model_param.local_shape:
             grid = model_param.axis_fragmentations
-            index = tuple(o // (g // f) for o, g, f in zip(model_param.global_offset, model_param.global_shape, grid))
+            offsets = zip(model_param.global_offset, model_param.global_shape, grid, strict=True)
+            index = tuple(o // (g // f) for o, g, f in offsets)
             return ShardedObject(f"{prefix}.{model_param.key}", optim_param, grid, index,
                                  replica_id=model_param.replica_id)
         return original(model_param, optim_param, prefix)

@@ -1,0 +1,62 @@
+"""The block every run's log starts with: what this run is, in the words of the recipe."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .config.schema import JobConfig
+from .model.inventory import count_params
+from .plan import human
+
+
+def _engine_line(cfg: JobConfig, layout: dict) -> str:
+    if cfg.parallel.engine == "deepspeed":
+        ds = cfg.deepspeed
+        offload = [name for name, on in (("optimizer", ds.offload_optimizer), ("parameters", ds.offload_param)) if on]
+        return (f"DeepSpeed ZeRO-{ds.zero_stage} (parallel.engine=deepspeed)"
+                + (f", {' and '.join(offload)} offloaded to CPU" if offload else ""))
+    if cfg.parallel.engine == "megatron":
+        sharding = "distributed optimizer (ZeRO-1)" if layout.get("distributed_optimizer") else "replicated optimizer"
+        return f"megatron-core (parallel.engine=megatron), {sharding}"
+    return f"{cfg.parallel.engine} (parallel.engine)"
+
+
+def _batch_line(cfg: JobConfig) -> str:
+    b, d = cfg.batch, cfg.derived
+    ramp = (f", ramp {b.ramp_start} -> {b.global_batch_size} by {b.ramp_increment} over {b.ramp_over:,} "
+            f"{b.ramp_unit}" if b.ramp_start is not None else "")
+    return (f"global {b.global_batch_size} x {cfg.model.seq_length} tokens{ramp}; micro {b.micro_batch_size}, "
+            f"{d.num_microbatches} micro-batches per rank per step")
+
+
+def run_banner(cfg: JobConfig, engine) -> str:
+    """Collective (all ranks call it: the per-rank parameter counts are gathered); rank-independent text."""
+    layout = engine.layout()
+    device = torch.cuda.current_device() if dist.get_backend() == "nccl" else "cpu"
+    local = torch.tensor([engine.parameters_on_rank()], dtype=torch.int64, device=device)
+    counts = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, local)
+    per_rank = [int(c) for c in counts]
+    s, d = cfg.schedule, cfg.derived
+    data = "mock tokens (data.mock)" if cfg.data.mock else f"{cfg.data.blend}"
+    if cfg.data.mix_phases:
+        data += f" with {len(cfg.data.mix_phases)} mix phases"
+    vpp = f" (x{layout['vpp']} virtual)" if layout.get("vpp") else ""
+    rows = [
+        ("engine", _engine_line(cfg, layout)),
+        ("layout", f"{layout['world_size']} ranks = TP {layout['tp']} x PP {layout['pp']}{vpp} x CP {layout['cp']} "
+                   f"x EP {layout['ep']} x DP {layout['dp']}, ZeRO stage {layout['zero_stage']}"
+                   + (", sequence parallel" if cfg.parallel.sequence_parallel else "")),
+        ("parameters", f"{human(count_params(cfg)['total'])} total; per rank {human(min(per_rank))}"
+                       + (f" - {human(max(per_rank))}" if max(per_rank) != min(per_rank) else "")),
+        ("precision", f"{cfg.precision.dtype} (precision.dtype)"),
+        ("batch", _batch_line(cfg)),
+        ("length", f"{d.train_iters:,} steps, {human(d.train_tokens)} tokens; lr {cfg.optim.lr:g} "
+                   f"{s.lr_decay_style} to {cfg.optim.min_lr:g}, warmup {s.lr_warmup:,} {s.unit}; "
+                   f"optimizer {cfg.optim.name}"),
+        ("data", data),
+        ("run dir", str(cfg.run_dir)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    title = f"==== {cfg.name} "
+    return "\n".join([title + "=" * max(4, 72 - len(title))] + [f"  {k:<{width}}  {v}" for k, v in rows] + ["=" * 72])

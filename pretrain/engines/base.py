@@ -1,0 +1,110 @@
+"""The contract between the training loop and an engine (OLMo-core's TrainModule).
+
+The loop (pretrain/loop.py) owns the step, the data position, the LR and batch schedules,
+the stability policy and the checkpoint directories; an `Engine` owns the model, the
+optimizer, the parallel layout and the bytes of a checkpoint. Engines register by name
+(`register_engine`, pretrain/engines/__init__.py) and `parallel.engine` picks one.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ClassVar, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..config.schema import JobConfig
+
+MicroBatch = Dict[str, torch.Tensor]          # tokens, labels, loss_mask, position_ids: [micro_batch, seq]
+Approve = Callable[[float, float], bool]      # (loss, grad_norm) -> apply the update?
+
+
+@dataclass
+class StepResult:
+    loss: float                 # mean token loss of the step (all DP ranks, all micro-batches)
+    grad_norm: Optional[float]
+    skipped: bool               # update not applied (fp16 overflow, or rejected)
+    loss_scale: Optional[float]
+    rejected: bool = False      # skipped because the loop's spike policy said so
+    z_loss: Optional[float] = None   # mean z-loss term (model.z_loss_coeff > 0), not included in `loss`
+
+
+def same_placement(saved: dict, now: dict) -> bool:
+    """Whether two `Engine.layout()`s put every shard (and RNG stream) on the same rank; the
+    optimizer's sharding (ZeRO stage, distributed optimizer) is not part of it."""
+    keys = ("tp", "pp", "vpp", "cp", "ep", "dp", "world_size")
+    return all(saved.get(k, 1 if k == "ep" else None) == now.get(k) for k in keys)
+
+
+class Engine(ABC):
+    """One rank's share of model + optimizer under a parallel layout. Construction initialises
+    torch.distributed (if needed), the layout, the model and the optimizer."""
+
+    name: ClassVar[str]
+    cfg: JobConfig
+    dp_rank: int                # this rank's data-parallel index: which micro-batches it reads
+    dp_size: int
+
+    # ---- steps ----------------------------------------------------------------------
+    @abstractmethod
+    def train_step(self, micro_batches: List[MicroBatch], lr: float, approve: Optional[Approve] = None) -> StepResult:
+        """One optimizer step over this rank's micro-batches at `lr`. `approve(loss, grad_norm)` sees
+        the step's global loss and grad norm before the update; False leaves weights and optimizer
+        state untouched. Every rank returns the same loss and grad norm."""
+
+    @abstractmethod
+    def eval_loss(self, micro_batches: List[MicroBatch]) -> float:
+        """Mean token loss over the micro-batches of all DP ranks, without gradients."""
+
+    # ---- checkpoints (pretrain/checkpoint.py owns directories, meta.json and loop state) -----------
+    @abstractmethod
+    def checkpoint_meta(self) -> dict:
+        """What a later load must know: {"engine", "precision", "layout", ...}; kept in meta.json."""
+
+    @abstractmethod
+    def save_checkpoint(self, directory: Path, on_done: Callable[[], None] = lambda: None) -> None:
+        """Write model, optimizer and RNG state into `directory`; call `on_done` on every rank once
+        every rank's files are on disk (now, or from `finalize_saves` for background saves)."""
+
+    @abstractmethod
+    def finalize_saves(self, blocking: bool) -> None:
+        """Commit background saves whose writers finished (all of them when `blocking`)."""
+
+    @abstractmethod
+    def load_checkpoint(self, directory: Path, meta: dict, weights_only: bool) -> None:
+        """Restore what `save_checkpoint` wrote (only the weights when `weights_only`), at this layout."""
+
+    # ---- description ------------------------------------------------------------------
+    @abstractmethod
+    def layout(self) -> dict:
+        """{"tp", "pp", "vpp", "cp", "ep", "dp", "world_size", "zero_stage"} of this run."""
+
+    @abstractmethod
+    def parameters_on_rank(self) -> int:
+        """Parameter elements this rank holds (its shard under TP/PP and, for ZeRO-3, DP)."""
+
+    # ---- lifetime ---------------------------------------------------------------------
+    @abstractmethod
+    def close(self) -> None:
+        """Release the engine and the parallel state; the process group stays (another engine may follow)."""
+
+    def shutdown(self) -> None:
+        self.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---- shared -------------------------------------------------------------------------
+    def is_logging_rank(self) -> bool:
+        return dist.get_rank() == dist.get_world_size() - 1   # the last PP stage holds the loss first
+
+    def _log(self, text: str) -> None:
+        if self.is_logging_rank():
+            print(text, flush=True)
+
+    def _check_engine(self, directory, meta: dict) -> None:
+        written_by = meta["engine_state"]["engine"]
+        if written_by != self.name:
+            raise ValueError(f"{directory}: written by the {written_by} engine; this run uses {self.name}. Export it "
+                             "to one fp32 state dict and start from its weights (docs/checkpoints.md).")
