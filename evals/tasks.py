@@ -4,9 +4,10 @@ Two kinds, each a JSONL file plus an lm-eval task YAML (`dataset_path: json`, lo
 `data_files`) under data/evals/tasks/, so `make eval` never touches the network:
 
 * BIG-bench multiple choice: `benchmark_tasks/<task>/task.json` read straight out of the
-  `bigbench==1.0.0` sdist (Apache-2.0; fetched with `pip download`, only the named files
-  are read). Prompts follow BIG-bench's own formatting (task_prefix, example_input_prefix,
-  choices appended when the task says so, example_output_prefix); the answer choices are
+  `bigbench==1.0.0` sdist (Apache-2.0; fetched once with `pip download`, only the named files
+  are read and kept in data/cache/bigbench-1.0.0/). Prompts follow BIG-bench's own formatting
+  (task_prefix, example_input_prefix, choices appended when the task says so,
+  example_output_prefix); the answer choices are
   scored by log-likelihood (lm-eval `multiple_choice`: acc and acc_norm). Examples whose
   target_scores mark several choices correct keep all of them as gold.
 * Held-out perplexity: the documents of a blend's test split (valid when it has no test
@@ -27,6 +28,7 @@ from typing import Dict, Iterable, List
 import yaml
 
 TASKS_DIR = Path("data/evals/tasks")
+BIGBENCH_TASKS = Path("data/cache/bigbench-1.0.0")       # <task>/task.json, taken out of the sdist once
 BIGBENCH = "bigbench==1.0.0"
 DEFAULT_BIGBENCH = ("hyperbaton", "winowhy", "social_iqa", "strategyqa")
 # BIG-bench's defaults (bigbench/api/json_task.py) where task.json leaves a field out.
@@ -34,19 +36,36 @@ BB_DEFAULTS = {"task_prefix": "", "example_input_prefix": "\nQ: ", "example_outp
                "choice_prefix": "\n  choice: ", "append_choices_to_input": True}
 
 
-def bigbench_task_files(names: Iterable[str]) -> Dict[str, dict]:
-    """task name -> parsed task.json, read from the sdist without unpacking the rest of it."""
-    from preprocessing.fetch import download
+def bigbench_task_files(names: Iterable[str], cache: Path = BIGBENCH_TASKS,
+                        registry: Path | None = None) -> Dict[str, dict]:
+    """task name -> parsed task.json. The files come out of the sdist (358 MB, downloaded once into the
+    registry cache data/cache/registry, read without unpacking the rest) and are kept as
+    <cache>/<task>/task.json: a task read once needs neither the archive nor the network again."""
+    names = list(dict.fromkeys(names))
+    missing = [n for n in names if not (cache / n / "task.json").is_file()]
+    if missing:
+        extract_bigbench_tasks(missing, cache, registry)
+    return {n: json.loads((cache / n / "task.json").read_bytes()) for n in names}
+
+
+def extract_bigbench_tasks(names: List[str], cache: Path, registry: Path | None = None) -> None:
+    """benchmark_tasks/<task>/task.json of each name, out of the sdist into <cache>/<task>/task.json."""
+    from preprocessing.fetch import CACHE, download
     wanted = {f"bigbench-1.0.0/bigbench/benchmark_tasks/{n}/task.json": n for n in names}
-    sdist = download(BIGBENCH, "sdist")
-    found: Dict[str, dict] = {}
+    sdist = download(BIGBENCH, "sdist", registry or CACHE)
+    found = set()
     with tarfile.open(sdist) as tar:
         for member in tar:
             if member.name in wanted:
-                found[wanted[member.name]] = json.load(tar.extractfile(member))
+                out = cache / wanted[member.name] / "task.json"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                tmp = out.with_name(f"task.json.{os.getpid()}.tmp")
+                tmp.write_bytes(tar.extractfile(member).read())
+                tmp.replace(out)                           # whole files only, also with two writers
+                found.add(wanted[member.name])
                 if len(found) == len(wanted):
                     break
-    missing = sorted(set(wanted.values()) - set(found))
+    missing = sorted(set(wanted.values()) - found)
     if missing:
         raise ValueError(f"{sdist.name} has no benchmark_tasks/<task>/task.json for {missing} (tasks with subtasks "
                          "or programmatic tasks are not single task.json files). Fix: choose other TASKS.")
@@ -158,7 +177,7 @@ def main() -> int:
                         help="recipe whose data.blend gives the held-out perplexity task")
     parser.add_argument("--output", default=os.environ.get("OUTPUT") or str(TASKS_DIR))
     args = parser.parse_args()
-    from pretrain.cli_args import split_overrides
+    from common.cli import split_overrides
     from pretrain.config import ConfigError, load_recipe
     try:
         out = Path(args.output)

@@ -1,12 +1,27 @@
 import os
 import socket
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from tests import training
+from tests.training import SETS, SessionRuns
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
+WANTED_RUNS = pytest.StashKey[set]()
+PREFETCH_BIGBENCH = ["winowhy"]         # the BIG-bench task tests/test_evals.py makes (its TASKS)
+PREFETCH: dict = {}
+# session fixtures (tests.training.shared_runs) that several test modules read
+ds_runs, layout_runs, reference_run = training.ds_runs, training.layout_runs, training.reference_run
+
+
+def newest_checkpoint(root) -> str:
+    """Name of the newest complete step_N directory under a checkpoint root."""
+    return max(p.name for p in Path(root).glob("step_*") if p.name[5:].isdigit())
 
 
 def free_port() -> int:
@@ -33,7 +48,6 @@ def single_rank_megatron():
 @pytest.fixture(scope="session")
 def demo_data():
     """`make data && make preprocess RECIPE=gpt-tiny` (resumable: cheap when already done)."""
-    import subprocess
     for target in (["make", "-s", "data"], ["make", "-s", "preprocess", "RECIPE=gpt-tiny"]):
         res = subprocess.run(target, cwd=REPO, capture_output=True, text=True)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -41,29 +55,37 @@ def demo_data():
 
 
 @pytest.fixture(scope="session")
-def reference(demo_data, tmp_path_factory):
-    """gpt-tiny on one process for tests.training.STEPS steps: what every layout must reproduce."""
-    from tests.training import train
-    return train(tmp_path_factory.mktemp("ref"), "tp1dp1", [], nproc=1)
+def session_runs(request, demo_data, tmp_path_factory):
+    """tests.training.SessionRuns: the shared runs (tests.training.shared_runs) of this session's tests."""
+    return SessionRuns(tmp_path_factory.mktemp("runs"), request.config.stash.get(WANTED_RUNS, ()))
 
 
 @pytest.fixture(scope="session")
-def layout_runs(demo_data, tmp_path_factory):
-    """layout name -> its train records. All layouts (2 processes) run once per session, in one
-    launch, when first asked for; each leaves a checkpoint at step SAVE_AT under <root>/<name>/checkpoints."""
-    from tests.training import LAYOUTS, SAVE_AT, train_many
-    root, done = tmp_path_factory.mktemp("layouts"), {}
-
-    def get(name):
-        if not done:
-            done.update(train_many(root, {n: o + [f"checkpoint.save_interval={SAVE_AT}"] for n, o in LAYOUTS.items()}))
-        return done[name]
-    get.root = root
-    return get
+def reference(reference_run):
+    """The train records of gpt-tiny on one process for tests.training.STEPS steps: what every layout must reproduce."""
+    return reference_run["tp1dp1"]
 
 
 @pytest.fixture(scope="session")
-def ds_runs(demo_data, tmp_path_factory):
-    """tests.training.ds_runs: every DeepSpeed configuration, once per session."""
-    from tests.training import ds_runs as run_all
-    return run_all(tmp_path_factory.mktemp("deepspeed"))
+def bigbench_prefetch():
+    """PREFETCH_BIGBENCH's task files in data/cache/bigbench-1.0.0 (evals.tasks), fetched in a thread since the
+    session started: on a clean clone the 358 MB sdist downloads while the training runs use the cores."""
+    thread = PREFETCH.get("bigbench")
+    if thread is not None:
+        thread.join()
+
+
+def fetch_bigbench_tasks():
+    from evals.tasks import BIGBENCH_TASKS, bigbench_task_files
+    from preprocessing.fetch import CACHE
+    bigbench_task_files(PREFETCH_BIGBENCH, REPO / BIGBENCH_TASKS, REPO / CACHE)
+
+
+def pytest_collection_finish(session):
+    """What the selected tests use, known before the first one starts: the shared runs (one launch trains
+    them all) and the BIG-bench download (started now, in the background)."""
+    used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    session.config.stash[WANTED_RUNS] = {name for name in used if name in SETS}
+    if "bigbench_prefetch" in used and "bigbench" not in PREFETCH:
+        PREFETCH["bigbench"] = threading.Thread(target=fetch_bigbench_tasks, name="bigbench-prefetch", daemon=True)
+        PREFETCH["bigbench"].start()

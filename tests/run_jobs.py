@@ -3,22 +3,49 @@
 imports are shared, which saves ~10 s of start-up per job on CI's 2 cores.
 
     torchrun --nproc_per_node=2 tests/run_jobs.py jobs.json
-    jobs.json: [{"recipe": "gpt-tiny", "overrides": ["k=v", ...]}, ...]
+    jobs.json: [{"recipe": "gpt-tiny", "overrides": ["k=v", ...], "log": "<path>"}, ...]
+
+With "log", what the job prints to stdout goes to <path>.rank<r>.log (each rank's own file);
+stderr stays the launch's.
 """
+import contextlib
 import json
+import os
 import sys
+
+import torch.distributed as dist
 
 from pretrain.config import load_recipe
 from pretrain.train import run
 
 
+@contextlib.contextmanager
+def stdout_to(path):
+    """File descriptor 1 (Python's prints and C code alike) into `path` while the block runs."""
+    if path is None:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(path, "w") as f:
+        os.dup2(f.fileno(), 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def main() -> int:
     jobs = json.loads(open(sys.argv[1]).read())
+    rank = os.environ.get("RANK", "0")
     for job in jobs:
-        code = run(load_recipe(job["recipe"], job["overrides"]), keep_process_group=True)
+        with stdout_to(f"{job['log']}.rank{rank}.log" if job.get("log") else None):
+            code = run(load_recipe(job["recipe"], job["overrides"]), keep_process_group=True)
         if code:
+            print(f"run_jobs: {job.get('log', job['overrides'])} exited {code}", file=sys.stderr, flush=True)
             return code
-    import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

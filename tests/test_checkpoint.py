@@ -14,7 +14,7 @@ from pretrain.config import load_recipe
 from pretrain.config.derive import batch_ramp
 from pretrain.data_mix import PhasedMix
 from tests.conftest import REPO
-from tests.training import BASE, SAVE_AT, STEPS, train, train_many
+from tests.training import BASE, DEMO, SAVE_AT, STEPS, shared_runs
 
 RAMP = ["batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24", "batch.micro_batch_size=2",
         "schedule.train_iters=8", "model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
@@ -25,38 +25,50 @@ def ckpt(run_dir, step):
     return run_dir / "checkpoints" / f"step_{step:08d}"
 
 
+DISTOPT = RAMP + ["parallel=dist-opt"]
+
+
+@shared_runs(nproc=2)
+def distopt_full(root, runs):
+    """DP=2 with the distributed optimizer, dropout and the ramp; saves step K asynchronously; profiles steps 2-3."""
+    return {"full": DISTOPT + [f"checkpoint.save_interval={K}", "profile.steps=[2,3]", "checkpoint.async_save=true"]}
+
+
+@shared_runs(nproc=2, needs=["distopt_full"])
+def distopt_resumed(root, runs):
+    """distopt_full's step-K checkpoint resumed (a new launch)."""
+    return {"resumed": DISTOPT + [f"checkpoint.load={ckpt(runs['distopt_full'].root / 'full', K)}"]}
+
+
 @pytest.mark.slow
-def test_distributed_optimizer_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, demo_data):
+def test_distributed_optimizer_resume_reproduces_the_uninterrupted_run_exactly(distopt_full, distopt_resumed):
     # DP=2 with the distributed optimizer; dropout on, so per-rank RNG states must come back too.
     # The uninterrupted run also checks the ramp against the calculator step by step, and profile.steps.
     # It saves asynchronously: training goes on while step K is written, and the resume is still exact.
-    extra = RAMP + ["parallel=dist-opt"]
-    full = train(tmp_path, "full", extra + [f"checkpoint.save_interval={K}", "profile.steps=[2,3]",
-                                            "checkpoint.async_save=true"])
-    assert json.loads((ckpt(tmp_path / "full", K) / "meta.json").read_text())["loop"]["step"] == K
-    cfg = load_recipe("gpt-tiny", BASE + extra + ["cluster.devices_per_node=2"])
+    full, run_dir = distopt_full["full"], distopt_full.root / "full"
+    assert json.loads((ckpt(run_dir, K) / "meta.json").read_text())["loop"]["step"] == K
+    cfg = load_recipe("gpt-tiny", BASE + DISTOPT + ["cluster.devices_per_node=2"])
     expected, consumed = [], 0
     for _ in range(8):
         expected.append(batch_ramp(cfg).global_batch(consumed))
         consumed += expected[-1]
     assert [r["global_batch"] for r in full] == expected == [8, 8, 12, 16, 16, 16, 16, 16]
     assert full[-1]["consumed_samples"] == consumed
-    assert list((tmp_path / "full" / "profile").glob("*.pt.trace.json*"))       # profile.steps wrote a trace
-    resumed = train(tmp_path, "resumed", extra + [f"checkpoint.load={ckpt(tmp_path / 'full', K)}"])
+    assert list((run_dir / "profile").glob("*.pt.trace.json*"))       # profile.steps wrote a trace
+    resumed = distopt_resumed["resumed"]
     assert [r["step"] for r in resumed] == list(range(K + 1, 9))
     for key in ("loss", "grad_norm", "lr", "global_batch", "consumed_samples"):
         assert [r[key] for r in resumed] == [r[key] for r in full[K:]], key
 
 
-@pytest.fixture(scope="module")
-def resumed_on_one_process(layout_runs, tmp_path_factory):
-    """The SAVE_AT checkpoint of each 2-process layout, resumed on 1 process (one launch)."""
+@shared_runs(nproc=1, needs=["layout_runs"])
+def resumed_on_one_process(root, runs):
+    """The SAVE_AT checkpoint of each 2-process layout, resumed on 1 process."""
     jobs = {}
     for layout in ("tp2", "pp2", "dp2-distopt"):
-        layout_runs(layout)                                  # trained (once per session) before resuming
         single = ["parallel=dist-opt"] if layout == "dp2-distopt" else []
-        jobs[layout] = single + [f"checkpoint.load={ckpt(layout_runs.root / layout, SAVE_AT)}"]
-    return train_many(tmp_path_factory.mktemp("one"), jobs, nproc=1)
+        jobs[layout] = single + [f"checkpoint.load={ckpt(runs['layout_runs'].root / layout, SAVE_AT)}"]
+    return jobs
 
 
 @pytest.mark.slow
@@ -65,7 +77,7 @@ def test_checkpoint_of_a_two_process_layout_resumes_on_one_process(layout_runs, 
     uninterrupted = layout_runs(layout)
     resumed = resumed_on_one_process[layout]
     assert [r["step"] for r in resumed] == list(range(SAVE_AT + 1, STEPS + 1))
-    for a, b in zip(resumed, uninterrupted[SAVE_AT:]):
+    for a, b in zip(resumed, uninterrupted[SAVE_AT:], strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-6, (layout, a["step"], a["loss"], b["loss"])
 
 
@@ -119,28 +131,42 @@ def test_data_parallel_ranks_split_the_same_global_assignment():
     assert ranks[0] == whole[0:2] + whole[4:6] and ranks[1] == whole[2:4] + whole[6:8]
 
 
+def two_source_mix(blend):
+    """RAMP with a blend of two sources (the demo's train and valid splits) and a data-mix schedule;
+    phase 2 starts at sample 20 (token 2560), inside step 3 (samples 16..27)."""
+    body = json.loads((DEMO / "blend.json").read_text())
+    body["splits"]["train"] = [{"weight": 1.0, "prefix": str(DEMO / "train_text_document")},
+                               {"weight": 1.0, "prefix": str(DEMO / "valid_text_document")}]
+    for split in ("valid", "test"):
+        body["splits"][split][0]["prefix"] = str(DEMO / body["splits"][split][0]["prefix"])
+    blend.write_text(json.dumps(body))
+    return RAMP + [f"data.blend={blend}",
+                   "data.mix_phases=[{start_tokens:0,weights:[3,1]},{start_tokens:2560,weights:[1,3]}]"]
+
+
+@shared_runs(nproc=1)
+def mix_full(root, runs):
+    """The plain optimizer with the two-source mix on 1 process, saved after step K."""
+    return {"full": two_source_mix(root / "two_sources.json") + [f"checkpoint.save_interval={K}"]}
+
+
+@shared_runs(nproc=1, needs=["mix_full"])
+def mix_restarted(root, runs):
+    """A restart in place (a new launch): the run directory holds mix_full's step-K checkpoint and nothing newer."""
+    shutil.copytree(ckpt(runs["mix_full"].root / "full", K), ckpt(root / "resumed", K))
+    return {"resumed": two_source_mix(runs["mix_full"].root / "two_sources.json")}
+
+
 @pytest.mark.slow
-def test_plain_optimizer_resume_in_place_inside_mix_phase_two_and_the_ramp(tmp_path, demo_data):
+def test_plain_optimizer_resume_in_place_inside_mix_phase_two_and_the_ramp(mix_full, mix_restarted):
     """One run covers the plain optimizer's exact resume with the batch ramp crossing k, dropout,
     a data-mix schedule resumed inside its second phase, and a restart in the same run directory."""
-    blend = tmp_path / "two_sources.json"
-    body = json.loads((demo_data / "blend.json").read_text())
-    body["splits"]["train"] = [{"weight": 1.0, "prefix": str(demo_data / "train_text_document")},
-                               {"weight": 1.0, "prefix": str(demo_data / "valid_text_document")}]
-    for split in ("valid", "test"):
-        body["splits"][split][0]["prefix"] = str(demo_data / body["splits"][split][0]["prefix"])
-    blend.write_text(json.dumps(body))
-    # Phase 2 starts at sample 20 (token 2560), inside step 3 (samples 16..27); saved after step 3.
-    mix = RAMP + [f"data.blend={blend}",
-                  "data.mix_phases=[{start_tokens:0,weights:[3,1]},{start_tokens:2560,weights:[1,3]}]"]
-    full = train(tmp_path, "full", mix + [f"checkpoint.save_interval={K}"], nproc=1)
+    full = mix_full["full"]
     assert [r["global_batch"] for r in full] == [8, 8, 12, 16, 16, 16, 16, 16]
     assert [r["mix_weights"] for r in full] == [[0.75, 0.25]] * 2 + [[0.25, 0.75]] * 6
-    state = json.loads((ckpt(tmp_path / "full", K) / "meta.json").read_text())["loop"]["data"]
+    state = json.loads((ckpt(mix_full.root / "full", K) / "meta.json").read_text())["loop"]["data"]
     assert state["phase"] == 1 and sum(state["taken"]) == 28
-    # A restart in place: the run directory holds the step-3 checkpoint and nothing newer.
-    shutil.copytree(ckpt(tmp_path / "full", K), ckpt(tmp_path / "resumed", K))
-    resumed = train(tmp_path, "resumed", mix, nproc=1)
+    resumed = mix_restarted["resumed"]
     assert [r["step"] for r in resumed] == list(range(K + 1, 9))
     for key in ("loss", "grad_norm", "lr", "global_batch", "consumed_samples", "mix_weights"):
         assert [r[key] for r in resumed] == [r[key] for r in full[K:]], key
@@ -171,13 +197,12 @@ def test_truncated_or_altered_checkpoints_fall_back_to_the_previous(tmp_path):
     assert "step_00000020: model_optim_rng/shard.bin has 40 bytes, 100 written" in said[1]
 
 
-def test_keep_last_and_keep_every_retention_and_latest_names_the_newest(tmp_path):
+def test_keep_last_and_keep_every_retention(tmp_path):
     store = CheckpointStore(tmp_path, keep_last=2, keep_every=2)
     for step in (1, 2, 3, 4, 5, 6):
         fake_save(store, step)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000002", "step_00000004",
-                                                          "step_00000005", "step_00000006"]
-    assert (tmp_path / "latest").read_text().strip() == "step_00000006"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000004", "step_00000005",
+                                                          "step_00000006"]
 
 
 @pytest.mark.slow

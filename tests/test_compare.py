@@ -1,10 +1,13 @@
 """`make compare`: ablation curves and a final-metrics table from run directories."""
 import subprocess
 
+import pytest
+
 from tests.conftest import REPO
 from tests.training import STEPS
 
 
+@pytest.mark.slow
 def test_make_compare_draws_two_curves_per_run_and_prints_the_table(layout_runs, tmp_path):
     runs = [layout_runs.root / name for name in ("tp2", "pp2", "dp2-distopt") if layout_runs(name)]
     out = tmp_path / "cmp dir" / "compare.png"

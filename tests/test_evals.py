@@ -46,7 +46,7 @@ def our_bits_per_byte(ckpt, hf_dir, texts) -> float:
 
 
 @pytest.mark.slow
-def test_eval_data_and_make_eval_offline(layout_runs, single_rank_megatron):
+def test_eval_data_and_make_eval_offline(layout_runs, single_rank_megatron, bigbench_prefetch):
     make("eval-data", TASKS="winowhy", RECIPE="gpt-tiny")
     tasks = REPO / "data/evals/tasks"
     winowhy = [json.loads(line) for line in (tasks / "bigbench_winowhy.jsonl").read_text().splitlines()]

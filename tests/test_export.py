@@ -3,6 +3,7 @@ exported directory): logits equal ours within 1e-4 in fp32 and 20 greedy tokens 
 for a megatron-core TP=2 checkpoint, a DeepSpeed ZeRO-2 checkpoint (both trained on 2
 processes by the session's runs) and a Llama-style model; import -> export is the identity."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ def ours(state, cfg):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from pretrain.engines.megatron import cpu_compat
-    from pretrain.engines.megatron.model import build_gpt_model, transformer_config
+    from pretrain.model.gpt import build_gpt_model, transformer_config
     cpu_compat.apply()                       # megatron-core's CPU adaptations (no-op with CUDA)
     model_parallel_cuda_manual_seed(cfg.seed)     # the RNG tracker megatron-core's layers need at build
     single = single_process(cfg)
@@ -81,15 +82,20 @@ def test_deepspeed_zero2_checkpoint_exports_and_import_export_is_the_identity(ds
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
-def test_llama_tiny_exports_to_llama_and_round_trips(single_rank_megatron, demo_data, tmp_path):
-    """RoPE, RMSNorm, SwiGLU, GQA (2 KV groups), untied output: two steps of training in process, saved, exported."""
+def test_llama_tiny_exports_to_llama_and_round_trips(single_rank_megatron, tmp_path):
+    """RoPE, RMSNorm, SwiGLU, GQA (2 KV groups), untied output: two steps of training in process, saved, exported.
+    Its tokenizer: a byte-level BPE as the demo pipeline trains (preprocessing.tokenizer_io.train_bpe), trained
+    here on this file's text (a unit test: the demo pipeline's 45 s on a clean clone are not needed)."""
     from safetensors.torch import load_file
 
+    from preprocessing.tokenizer_io import train_bpe
     from pretrain.config import load_recipe
     from pretrain.engines import create_engine
     from pretrain.loop import Trainer
-    cfg = load_recipe("llama-tiny", ["data=mock", "data.tokenizer.type=hf", f"data.tokenizer.path={demo_data}/tokenizer",
-                                     "cluster.devices_per_node=1", "batch.global_batch_size=8", "schedule.train_iters=2",
+    train_bpe([Path(__file__).read_text()], vocab_size=512, min_frequency=2, out_dir=tmp_path / "tokenizer")
+    cfg = load_recipe("llama-tiny", ["data=mock", "data.tokenizer.type=hf",
+                                     f"data.tokenizer.path={tmp_path / 'tokenizer'}", "cluster.devices_per_node=1",
+                                     "batch.global_batch_size=8", "schedule.train_iters=2",
                                      "eval.eval_interval=0", "eval.final_test=false", "logging.tensorboard=false",
                                      "stability.watchdog_minutes=0", f"run_dir={tmp_path / 'run'}"])
     Trainer(cfg, create_engine(cfg), tmp_path / "run").train()
@@ -103,7 +109,7 @@ def test_llama_tiny_exports_to_llama_and_round_trips(single_rank_megatron, demo_
 
 def test_export_refuses_what_the_architecture_cannot_express(tmp_path):
     from pretrain.config import load_recipe
-    from pretrain.hf.mapping import unsupported
+    from pretrain.model.hf_mapping import unsupported
     assert unsupported(load_recipe("gpt-tiny")) == []
     assert unsupported(load_recipe("llama-tiny")) == []
     problems = unsupported(load_recipe("gpt-tiny", ["model.qk_layernorm=true", "model.position_embedding_type=rope"]))

@@ -4,7 +4,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, newest_checkpoint
+from tests.test_run_banner import banners
 
 
 @pytest.mark.slow
@@ -16,6 +17,10 @@ def test_make_pretrain_end_to_end(demo_data, tmp_path):
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "step      6/6" in res.stdout and "test loss" in res.stdout and f"run directory: {run_dir}" in res.stdout
+    (block,) = banners(res.stdout)                      # what the run is, before any step line
+    assert block["name"] == "gpt-tiny" and block["run dir"] == str(run_dir) and block["data"].endswith("blend.json")
+    assert block["layout"] == "2 ranks = TP 1 x PP 1 x CP 1 x EP 1 x DP 2, ZeRO stage 0"
+    assert res.stdout.index("==== gpt-tiny ") < res.stdout.index("step      2/6")
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     kinds = [r["kind"] for r in records]
     assert kinds == ["train", "valid", "train", "train", "valid", "test"]   # logged at 2, eval at 3, 4, 6
@@ -26,7 +31,7 @@ def test_make_pretrain_end_to_end(demo_data, tmp_path):
     assert len(provenance["git_commit"]) == 40 and provenance["versions"]["megatron-core"] == "0.16.1"
     assert [r["host"] for r in provenance["ranks"]] == [provenance["ranks"][0]["host"]] * 2
     assert "torch==2.13.0" in (run_dir / "provenance" / "pip-freeze.txt").read_text()
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000006"    # saved at the end
+    assert newest_checkpoint(run_dir / "checkpoints") == "step_00000006"                  # saved at the end
     launch_script = (run_dir / "launch.sh").read_text()                                    # what ran, quoted
     assert f"--config '{run_dir / 'config.yaml'}'" in launch_script and "--nproc_per_node=2" in launch_script
 

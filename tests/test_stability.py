@@ -6,11 +6,12 @@ import random
 import signal
 import subprocess
 import time
+from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import REPO
-from tests.training import run_training, training_command, training_env
+from tests.conftest import REPO, newest_checkpoint
+from tests.training import run_training, shared_runs, training_command, training_env
 
 
 @pytest.mark.slow
@@ -42,14 +43,21 @@ SPIKES = ["fault.nan_at_step=5", "fault.rank=1", "fault.poison_at_step=14", "sta
           "stability.spike_ratio=1.1"]     # the poisoned step's loss is ~1.16x the window mean
 
 
+@shared_runs(nproc=2)
+def spike_runs(root, runs):
+    """skip: a NaN on rank 1 at step 5 and a loss spike at step 14, skipped. rollback: the spike rolls back."""
+    return {"skip": SPIKES + ["stability.spike_policy=skip"],
+            "rollback": SPIKES[2:] + ["stability.spike_policy=rollback", "stability.rollback_after=1",
+                                      "checkpoint.save_interval=5"]}
+
+
 @pytest.mark.slow
-def test_nan_on_one_rank_and_a_loss_spike_are_skipped_by_every_rank(tmp_path):
-    run_dir = tmp_path / "skip"
-    res = run_training(run_dir, SPIKES + ["stability.spike_policy=skip"])
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+def test_nan_on_one_rank_and_a_loss_spike_are_skipped_by_every_rank(spike_runs):
+    run_dir = spike_runs.root / "skip"                   # the job finished with exit code 0 (else the fixture fails)
+    stdout = spike_runs.log("skip")                      # what both ranks printed
     for rank in (0, 1):                                   # NaN only on rank 1, seen by both in step 5
-        assert f"[rank {rank}] EVENT nonfinite at step 5" in res.stdout
-        assert f"[rank {rank}] EVENT spike at step 14" in res.stdout
+        assert f"[rank {rank}] EVENT nonfinite at step 5" in stdout
+        assert f"[rank {rank}] EVENT spike at step 14" in stdout
     assert [(e["kind"], e["step"], e["action"]) for e in events_of(run_dir)] == [("nonfinite", 5, "skip"),
                                                                                  ("spike", 14, "skip")]
     records = records_of(run_dir)
@@ -59,18 +67,15 @@ def test_nan_on_one_rank_and_a_loss_spike_are_skipped_by_every_rank(tmp_path):
 
 
 @pytest.mark.slow
-def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(tmp_path, reference):
-    run_dir = tmp_path / "rollback"
-    res = run_training(run_dir, SPIKES[2:] + ["stability.spike_policy=rollback", "stability.rollback_after=1",
-                                              "checkpoint.save_interval=5"])
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(spike_runs, reference):
+    run_dir = spike_runs.root / "rollback"               # the job finished with exit code 0 (else the fixture fails)
     rollback = [e for e in events_of(run_dir) if e["kind"] == "rollback"]
     assert len(rollback) == 1 and rollback[0]["step"] == 14 and rollback[0]["to_step"] == 10
     assert rollback[0]["lr_scale"] == 0.5 and rollback[0]["consumed_samples"] == 14 * 16   # steps 11-14's data skipped
     records = records_of(run_dir)
     assert [r["step"] for r in records] == list(range(1, 15)) + list(range(11, 21))
     again = records[14:]
-    for r, ref in zip(again, reference[10:]):
+    for r, ref in zip(again, reference[10:], strict=True):
         assert r["lr"] == pytest.approx(0.5 * ref["lr"], rel=1e-12)
         assert r["consumed_samples"] == ref["consumed_samples"] + 4 * 16
     assert abs(records[-1]["loss"] - reference[-1]["loss"]) < 0.05 * reference[-1]["loss"]
@@ -105,7 +110,6 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp_
 
 
 def test_spike_guard_statistics_and_rollback_counting():
-    from types import SimpleNamespace
 
     from pretrain.stability import SpikeGuard
     cfg = SimpleNamespace(stability=SimpleNamespace(spike_window=4, spike_zscore=3.0, spike_ratio=0.0,
@@ -204,7 +208,6 @@ def test_a_signal_saves_the_step_and_exits_for_requeue_then_the_run_resumes_exac
     """In process, 1 rank: SIGUSR1 (what SLURM sends signal_lead_s before the time limit) during step 3
     makes the loop save step 3 and leave with RunPreempted (exit 75 from pretrain.train); a new
     start resumes there and steps 4-6 equal the uninterrupted run's."""
-    import signal
 
     from pretrain.config import load_recipe
     from pretrain.engines import create_engine
@@ -225,7 +228,8 @@ def test_a_signal_saves_the_step_and_exits_for_requeue_then_the_run_resumes_exac
     with pytest.raises(RunPreempted, match="checkpoint of step 3 saved"):
         trainer("cut", ["fault.preempt_at_step=3"]).train()
     assert signal.getsignal(signal.SIGUSR1) == before                          # handlers restored
-    assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "step_00000003"
-    assert [json.loads(x)["kind"] for x in (tmp_path / "cut" / "events.jsonl").read_text().splitlines()] == ["preempted"]
+    assert newest_checkpoint(tmp_path / "cut" / "checkpoints") == "step_00000003"
+    events = (tmp_path / "cut" / "events.jsonl").read_text().splitlines()
+    assert [json.loads(x)["kind"] for x in events] == ["preempted"]
     trainer("cut", ["fault.preempt_at_step=3"]).train()                        # the requeued job: same command
     assert losses("cut") == losses("full") and sorted(losses("cut")) == [1, 2, 3, 4, 5, 6]

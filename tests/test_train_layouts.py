@@ -1,14 +1,14 @@
 """The megatron-core runtime on 2 CPU processes (gloo): parallel layouts give the same losses.
 
-Every run goes through the real entry point (`torchrun -m pretrain.train -cn gpt-tiny ...`)
-and reads the per-step losses back from <run_dir>/metrics.jsonl.
+Every run is the real pretrain.train.run under torchrun (the session's shared runs,
+tests/training.py) and the tests read the per-step losses back from <run_dir>/metrics.jsonl.
 """
 import math
 
 import pytest
 
 from pretrain.schedules import lr_at
-from tests.training import STEPS, train, train_many
+from tests.training import STEPS, shared_runs
 
 
 @pytest.mark.slow
@@ -18,17 +18,28 @@ def test_layout_matches_single_process_losses(reference, layout_runs, layout):
     ref_losses = [r["loss"] for r in reference]
     losses = [r["loss"] for r in ours]
     assert len(losses) == STEPS and ref_losses[-1] < ref_losses[0] - 0.5      # it learns
-    for step, (a, b) in enumerate(zip(losses, ref_losses)):
+    for step, (a, b) in enumerate(zip(losses, ref_losses, strict=True)):
         assert abs(a - b) < 1e-5, (layout, step, a, b)
 
 
-@pytest.mark.slow
-def test_activation_checkpointing_gives_identical_losses(tmp_path, reference):
-    # The reference's first 6 steps (same config: its LR schedule is over schedule.lr_decay=20 steps).
+@shared_runs(nproc=1)
+def recompute_runs(root, runs):
+    """The reference's first 6 steps (same config: its LR schedule is over schedule.lr_decay=20 steps),
+    with full and with selective activation recomputation."""
     short = ["schedule.train_iters=6", f"schedule.lr_decay={STEPS}"]
-    runs = train_many(tmp_path, {"full": short + ["parallel.recompute_granularity=full",
-                                                  "parallel.recompute_num_layers=2"],
-                                 "sel": short + ["parallel.recompute_granularity=selective"]}, nproc=1)
+    return {"full": short + ["parallel.recompute_granularity=full", "parallel.recompute_num_layers=2"],
+            "sel": short + ["parallel.recompute_granularity=selective"]}
+
+
+@shared_runs(nproc=2)
+def bf16_runs(root, runs):
+    """bf16 matmuls on this CPU are emulated (~10x slower): 3 steps on TP=2."""
+    return {"bf16": ["precision=bf16", "parallel=tp2", "schedule.train_iters=3"]}
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_gives_identical_losses(recompute_runs, reference):
+    runs = recompute_runs
     assert [r["loss"] for r in runs["full"]] == [r["loss"] for r in reference[:6]]
     assert [r["loss"] for r in runs["sel"]] == [r["loss"] for r in reference[:6]]
 
@@ -42,19 +53,22 @@ def test_lr_per_step_follows_the_closed_form(reference):
 
 
 @pytest.mark.slow
-def test_bf16_tracks_fp32_within_tolerance(tmp_path, reference):
-    # bf16 matmuls on this CPU are emulated (~10x slower): 3 steps on TP=2.
-    bf16 = train(tmp_path, "bf16", ["precision=bf16", "parallel=tp2", "schedule.train_iters=3"])
-    for a, b in zip([r["loss"] for r in bf16], [r["loss"] for r in reference[:3]]):
+def test_bf16_tracks_fp32_within_tolerance(bf16_runs, reference):
+    bf16 = bf16_runs["bf16"]
+    for a, b in zip([r["loss"] for r in bf16], [r["loss"] for r in reference[:3]], strict=True):
         assert abs(a - b) < 0.02 * b        # stated tolerance: 2% relative (bf16 keeps ~3 significant digits)
     assert all(math.isfinite(r["grad_norm"]) for r in bf16)
 
 
-@pytest.mark.slow
-def test_interleaved_pipeline_equals_1f1b(tmp_path, demo_data):
-    # 4 processes: PP=4 over 8 layers, with and without 2 virtual stages per rank.
+@shared_runs(nproc=4)
+def pipeline_runs(root, runs):
+    """4 processes: PP=4 over 8 layers, with and without 2 virtual stages per rank."""
     common = ["parallel.pipeline_model_parallel_size=4", "model.num_layers=8", "schedule.train_iters=4"]
-    runs = train_many(tmp_path, {"pp4": common, "pp4vpp2": common + ["parallel.virtual_pipeline_model_parallel_size=2"]},
-                      nproc=4)
-    for a, b in zip([r["loss"] for r in runs["pp4vpp2"]], [r["loss"] for r in runs["pp4"]]):
+    return {"pp4": common, "pp4vpp2": common + ["parallel.virtual_pipeline_model_parallel_size=2"]}
+
+
+@pytest.mark.slow
+def test_interleaved_pipeline_equals_1f1b(pipeline_runs):
+    runs = pipeline_runs
+    for a, b in zip([r["loss"] for r in runs["pp4vpp2"]], [r["loss"] for r in runs["pp4"]], strict=True):
         assert abs(a - b) < 1e-5

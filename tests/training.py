@@ -1,14 +1,32 @@
 """Training runs through the real entry point for the multi-process tests.
 
-`train` runs `torchrun -m pretrain.train -cn <recipe> ...` and returns the per-step train
-records from <run_dir>/metrics.jsonl. `LAYOUTS` are the 2-process layouts that must match a
-single process; each saves a checkpoint at step 10 for the resharding tests.
+`run_training` runs `torchrun -m pretrain.train -cn <recipe> ...` (tests that watch, kill or time
+one run); `train_many` runs several jobs in one launch of tests/run_jobs.py; `records` reads the
+per-step train records from <run_dir>/metrics.jsonl. `LAYOUTS` are the 2-process layouts that must
+match a single process; each saves a checkpoint at step SAVE_AT for the resharding tests.
+
+Shared runs (`shared_runs`): a set of jobs that tests read is a session fixture, and the sets of
+one process count that the session's selected tests use are trained together in one torchrun
+launch (tests/run_jobs.py), started when the first of them is asked for. A launch costs ~15-25 s
+of start-up on 2 cores (torchrun, imports of torch/megatron-core/DeepSpeed, gloo) before its
+first step. A set that resumes another set's checkpoint (`needs`) is trained in a later launch,
+so every resume is a fresh process. `make test` trains ~20 sets in 5 launches: 1 and 2 processes
+side by side, then 4, then 1 and 2 again (SessionRuns).
 """
 import json
 import os
 import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
-from tests.conftest import PY, REPO
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]          # as tests.conftest (which imports this module)
+PY = sys.executable
+DEMO = REPO / "data/demo/bpe4k"                       # what the demo_data fixture makes
 
 STEPS = 20
 BASE = [f"schedule.train_iters={STEPS}", "batch.global_batch_size=16", "batch.micro_batch_size=4",
@@ -34,13 +52,6 @@ def run_training(run_dir, overrides, nproc=2, recipe="gpt-tiny", timeout=900) ->
                           text=True, env=training_env(), timeout=timeout)
 
 
-def train(tmp_path, name, overrides, nproc=2, recipe="gpt-tiny"):
-    run_dir = tmp_path / name
-    res = run_training(run_dir, overrides, nproc, recipe)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    return records(run_dir)
-
-
 def records(run_dir) -> list:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == "train"]
@@ -48,17 +59,181 @@ def records(run_dir) -> list:
 
 def train_many(root, jobs: dict, nproc=2, recipe="gpt-tiny", timeout=900) -> dict:
     """{name: overrides} trained one after another in one torchrun launch (tests/run_jobs.py:
-    the real pretrain.train.run per job); returns {name: train records}. Run dirs: root/<name>."""
+    the real pretrain.train.run per job); returns {name: train records}. Run dirs: root/<name>;
+    each job's stdout in root/<name>.rank<r>.log, all of them in root/launch.log."""
     root.mkdir(parents=True, exist_ok=True)
-    spec = [{"recipe": recipe, "overrides": [*BASE, f"cluster.devices_per_node={nproc}", f"run_dir={root / name}",
-                                             *overrides]} for name, overrides in jobs.items()]
-    jobs_file = root / "jobs.json"
-    jobs_file.write_text(json.dumps(spec))
+    launch(root / "jobs.json", [(root / name, overrides) for name, overrides in jobs.items()], nproc, recipe, timeout)
+    write_launch_log(root, jobs, nproc)
+    return {name: records(root / name) for name in jobs}
+
+
+def launch(jobs_file, jobs: list, nproc=2, recipe="gpt-tiny", timeout=900) -> None:
+    """[(run_dir, overrides)] in one torchrun launch of tests/run_jobs.py, in this order; fails naming the job."""
+    spec = [{"recipe": recipe, "log": str(run_dir), "overrides": [*BASE, f"cluster.devices_per_node={nproc}",
+                                                                   f"run_dir={run_dir}", *overrides]}
+            for run_dir, overrides in jobs]
+    jobs_file.write_text(json.dumps(spec, indent=1))
     res = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                           str(REPO / "tests" / "run_jobs.py"), str(jobs_file)], cwd=REPO, capture_output=True,
                          text=True, env=dict(training_env(), PYTHONPATH=str(REPO)), timeout=timeout)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    return {name: records(root / name) for name in jobs}
+    if res.returncode != 0:
+        started = [run_dir for run_dir, _ in jobs if Path(f"{run_dir}.rank0.log").exists()]
+        last = f"last job started: {started[-1]}\n{job_log(started[-1], nproc)[-3000:]}" if started else ""
+        raise AssertionError(f"{jobs_file}: exit {res.returncode}; {last}\n{res.stdout[-2000:]}{res.stderr[-5000:]}")
+
+
+def job_log(run_dir, nproc: int) -> str:
+    """What the job's ranks printed (tests/run_jobs.py: <run_dir>.rank<r>.log), rank 0 first."""
+    logs = [Path(f"{run_dir}.rank{r}.log") for r in range(nproc)]
+    return "".join(log.read_text() for log in logs if log.exists())
+
+
+def write_launch_log(root, names, nproc: int) -> None:
+    """root/launch.log: the logs of the jobs named, in order (tests/test_run_banner.py reads it)."""
+    (root / "launch.log").write_text("".join(job_log(root / name, nproc) for name in names))
+
+
+class Runs(dict):
+    """job name -> its train records; `root` holds the run dirs root/<name>. runs(name) == runs[name]."""
+
+    def __init__(self, root, records_by_name: dict, nproc: int):
+        super().__init__(records_by_name)
+        self.root, self.nproc = root, nproc
+
+    def __call__(self, name):
+        return self[name]
+
+    def __missing__(self, key):
+        if key == "root":                   # runs["root"]: the older spelling of runs.root
+            return self.root
+        raise KeyError(key)
+
+    def log(self, name) -> str:
+        return job_log(self.root / name, self.nproc)
+
+
+@dataclass
+class JobSet:
+    nproc: int
+    jobs: Callable          # (root, {set name: Runs} of the sets trained so far) -> {job name: overrides}
+    needs: tuple = ()       # sets whose outputs the jobs read: trained in an earlier launch
+    late: bool = False      # after the other sets of its launch (DeepSpeed: megatron jobs go first)
+
+
+SETS: dict = {}
+
+
+def shared_runs(nproc: int, needs=(), late=False):
+    """Decorator: `jobs(root, runs) -> {job name: overrides}` becomes a session fixture of the same
+    name giving Runs (run dirs <root>/<job name>). `runs` holds the Runs of the sets in `needs`."""
+    def register(jobs):
+        name = jobs.__name__
+        SETS[name] = JobSet(nproc, jobs, tuple(needs), late)
+
+        @pytest.fixture(scope="session", name=name)
+        def fixture(session_runs):
+            return session_runs.get(name)
+        fixture.__doc__ = jobs.__doc__
+        return fixture
+    return register
+
+
+def with_needs(names) -> set:
+    todo, out = list(names), set()
+    while todo:
+        name = todo.pop()
+        if name not in out:
+            out.add(name)
+            todo += SETS[name].needs
+    return out
+
+
+class SessionRuns:
+    """Trains the sets of SETS on demand, in waves: when a set is asked for, every wanted set whose needs
+    are trained (itself included) is launched, one launch per process count, and launches whose processes
+    fit in cores + 1 run at the same time (on 2 cores, a 1-process launch beside a 2-process one uses
+    the core the other leaves idle: ~25% less wall time; the 4-process one runs alone). All of them are
+    waited for, so that no training outlasts the fixture."""
+
+    def __init__(self, base, wanted, timeout=840):
+        self.base, self.timeout = base, timeout
+        self.wanted = with_needs(n for n in wanted if n in SETS)
+        self.done, self.failed, self.launched = {}, {}, []       # launched: the sets of each launch, in order
+
+    def get(self, name) -> Runs:
+        if name not in self.done and name not in self.failed:
+            for need in SETS[name].needs:
+                try:
+                    self.get(need)
+                except AssertionError as err:
+                    self.failed[name] = f"it needs {need}: {err}"
+            if name not in self.failed:
+                self._wave(name)
+        if name in self.failed:
+            raise AssertionError(self.failed[name])
+        return self.done[name]
+
+    def _wave(self, name):
+        ready = [n for n in SETS if (n in self.wanted or n == name) and n not in self.done
+                 and n not in self.failed and all(d in self.done for d in SETS[n].needs)]
+        groups = {}
+        for n in sorted(ready, key=lambda n: SETS[n].late):          # stable: else in SETS order
+            groups.setdefault(SETS[n].nproc, []).append(n)
+        batch, limit = [], len(os.sched_getaffinity(0)) + 1     # processes at a time: more only thrash
+        for nproc in sorted(groups):
+            if batch and sum(n for n, _ in batch) + nproc > limit:
+                self._run_concurrently(batch)
+                batch = []
+            batch.append((nproc, groups[nproc]))
+        self._run_concurrently(batch)
+
+    def _run_concurrently(self, batch):
+        threads = []
+        for nproc, group in batch:
+            self.launched.append(group)
+            jobs_file = self.base / f"launch{len(self.launched)}-{nproc}proc.json"
+            jobs, names = [], {}
+            try:
+                for set_name in group:                                # the set's files, written here
+                    root = self.base / set_name
+                    root.mkdir(parents=True, exist_ok=True)
+                    names[set_name] = SETS[set_name].jobs(root, dict(self.done))
+                    jobs += [(root / job, overrides) for job, overrides in names[set_name].items()]
+            except Exception as err:
+                self._fail(group, jobs_file, err)
+                continue
+            threads.append(threading.Thread(target=self._launch, args=(group, names, nproc, jobs_file, jobs)))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _launch(self, group, names, nproc, jobs_file, jobs):
+        try:
+            launch(jobs_file, jobs, nproc, timeout=self.timeout)
+            for set_name in group:
+                root = self.base / set_name
+                write_launch_log(root, names[set_name], nproc)
+                self.done[set_name] = Runs(root, {job: records(root / job) for job in names[set_name]}, nproc)
+        except Exception as err:                                  # reported by the fixture of every set in it
+            self._fail(group, jobs_file, err)
+
+    def _fail(self, group, jobs_file, err):
+        for set_name in group:
+            self.failed[set_name] = f"the launch of {group} ({jobs_file}) failed: {type(err).__name__}: {err}"
+
+
+# ---- sets more than one test module reads (tests/conftest.py makes them fixtures) ------------
+@shared_runs(nproc=1)
+def reference_run(root, runs):
+    """gpt-tiny on one process for STEPS steps: what every layout must reproduce (fixture `reference`)."""
+    return {"tp1dp1": []}
+
+
+@shared_runs(nproc=2)
+def layout_runs(root, runs):
+    """Every 2-process layout of LAYOUTS; each leaves a checkpoint at step SAVE_AT under <root>/<name>/checkpoints."""
+    return {name: overrides + [f"checkpoint.save_interval={SAVE_AT}"] for name, overrides in LAYOUTS.items()}
 
 
 # ---- the DeepSpeed engine's runs (tests/test_deepspeed.py, tests/test_export.py) -------------
@@ -72,20 +247,20 @@ def ds_ckpt(run_dir, step=DS_K):
     return run_dir / "checkpoints" / f"step_{step:08d}"
 
 
-def ds_runs(root) -> dict:
-    """Every DeepSpeed configuration for DS_N steps in one 2-process launch; root/<name> each."""
+@shared_runs(nproc=2, late=True)
+def ds_runs(root, runs):
+    """Every DeepSpeed configuration for DS_N steps on 2 processes; root/<name> each."""
     save = [f"checkpoint.save_interval={DS_K}"]
     ramp = ["batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24", "batch.micro_batch_size=2"]
     template = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
     template["gradient_clipping"] = 1.0                     # spelled out, equal to the recipe's: accepted
     template["zero_optimization"].update(reduce_bucket_size=200_000, allgather_bucket_size=200_000,
                                          overlap_comm=False)   # many small buckets
-    root.mkdir(parents=True, exist_ok=True)
     (root / "mine.json").write_text(json.dumps(template))
     jobs = {
         "zero0": ["parallel=ds-zero0"],
-        "zero1": ["parallel=ds-zero1", "profile.flops_profile_step=2", "logging.tensorboard=true"],
-        "zero2": ["parallel=ds-zero2", f"parallel.ds_config_template={root / 'mine.json'}"] + save,
+        "zero1": ["parallel=ds-zero1", "deepspeed.flops_profile_step=2", "logging.tensorboard=true"],
+        "zero2": ["parallel=ds-zero2", f"deepspeed.config_template={root / 'mine.json'}"] + save,
         "zero3": ["parallel=ds-zero3", "parallel.recompute_granularity=full", "parallel.recompute_num_layers=2"],
         "tp2-zero1": ["parallel=ds-zero1", "parallel.tensor_model_parallel_size=2"] + save,
         "zero2-offload": ["parallel=ds-zero2-offload"],
@@ -95,6 +270,4 @@ def ds_runs(root) -> dict:
         "ramp-megatron": ramp,
         "bf16": ["parallel=ds-zero1", "precision=bf16", "schedule.train_iters=3"],   # emulated bf16 is slow here
     }
-    runs = train_many(root, {name: DS_SHORT + overrides for name, overrides in jobs.items()})
-    runs["root"] = root
-    return runs
+    return {name: DS_SHORT + overrides for name, overrides in jobs.items()}
