@@ -36,7 +36,7 @@ def run_banner(cfg: JobConfig, engine) -> str:
     local = torch.tensor([engine.parameters_on_rank()], dtype=torch.int64, device=device)
     counts = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(counts, local)
-    per_rank = [int(c) for c in counts]
+    per_rank = torch.cat(counts).tolist()     # one device-to-host copy, not one per rank
     s, d = cfg.schedule, cfg.derived
     data = "mock tokens (data.mock)" if cfg.data.mock else f"{cfg.data.blend}"
     if cfg.data.mix_phases:
