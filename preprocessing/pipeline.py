@@ -31,7 +31,12 @@ def problems(cfg: PreprocessConfig) -> List[str]:
            "`imports`." for name in cfg.stages if name not in STAGES]
     out += filter_problems(cfg.filters) if cfg.filters.enabled else []
     out += [f"{key}={n} must be >= 1. Fix: set {key}=1 (no sharding) or more." for key, n in
-            (("dedup.shards", cfg.dedup.shards), ("tokenize.shards", cfg.tokenize.shards)) if n < 1]
+            (("dedup.shards", cfg.dedup.shards), ("dedup.bucket_tasks", cfg.dedup.bucket_tasks),
+             ("tokenize.shards", cfg.tokenize.shards)) if n < 1]
+    d = cfg.dedup
+    if d.bands < 1 or d.rows < 1 or d.bands * d.rows > d.num_perm:
+        out.append(f"dedup.bands x dedup.rows = {d.bands} x {d.rows} needs 1 <= each and bands * rows <= "
+                   f"dedup.num_perm={d.num_perm}. Fix: fewer bands or rows, or more permutations.")
     return out
 
 

@@ -14,7 +14,7 @@ import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 BAD_REASONS = ("invalid_json", "invalid_utf8", "not_an_object", "missing_text_field", "text_not_a_string",
                "empty_text", "unreadable_file")
@@ -204,6 +204,89 @@ def read_documents(paths: Union[str, List[str]], *, fmt: str = "auto", text_fiel
             yield from read_hf_disk(path, text_field, id_field, bad)
         else:
             raise ValueError(f"input.format={kind!r}: use auto, jsonl, parquet, text or hf_disk")
+
+
+# ---- byte ranges of plain JSONL: shards and workers that read only their own bytes ----------------------
+Piece = Tuple[Path, int, int]       # (file, first byte, end byte): the lines of the file that START in the range
+
+
+def plain_jsonl(paths: List[str], fmt: str = "auto") -> bool:
+    """Whether every input is a plain JSONL file (readable from any byte offset; .gz/.zst are not)."""
+    return bool(paths) and all(
+        Path(p).is_file() and Path(p).suffix not in (".gz", ".zst")
+        and (fmt == "jsonl" or (fmt == "auto" and detect_format(Path(p)) == "jsonl")) for p in paths)
+
+
+def cut(pieces: List[Piece], lo: int, hi: int) -> List[Piece]:
+    """Bytes [lo, hi) of the concatenation of `pieces`, as pieces."""
+    out, base = [], 0
+    for path, start, end in pieces:
+        a, b = max(lo, base), min(hi, base + end - start)
+        if a < b:
+            out.append((path, start + a - base, start + b - base))
+        base += end - start
+    return out
+
+
+def byte_shard(paths: List[str], k: int, n: int) -> List[Piece]:
+    """Shard k of n of the files' concatenation, split by bytes (lines are assigned where they start)."""
+    whole = [(Path(p), 0, Path(p).stat().st_size) for p in paths]
+    total = sum(end for _, _, end in whole)
+    return cut(whole, k * total // n, (k + 1) * total // n)
+
+
+def count_newlines(path: Path, upto: int) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        while upto > 0 and (chunk := f.read(min(upto, 1 << 22))):
+            n, upto = n + chunk.count(b"\n"), upto - len(chunk)
+    return n
+
+
+def read_jsonl_range(piece: Piece, text_field: str, id_field: str, bad: BadInput
+                     ) -> Iterator[Tuple[Document, int, int]]:
+    """(document, line start, line end) of the JSONL lines of a file that start in [start, end), checked as
+    `read_jsonl` checks them; a bad line is counted with its file:line. Line numbers are counted from the
+    file's start only when a message or a missing id needs one, so a range costs only its own bytes."""
+    path, start, end = piece
+    first_line = None
+
+    def where(seen: int) -> Tuple[str, int]:
+        nonlocal first_line
+        if first_line is None:
+            first_line = count_newlines(path, begin) + 1
+        return f"{path}:{first_line + seen - 1}", first_line + seen - 1
+    with open(path, "rb", buffering=1 << 20) as f:
+        if start > 0:
+            f.seek(start - 1)
+            if f.read(1) != b"\n":
+                f.readline()            # the line in progress belongs to the range before
+        pos = begin = f.tell()
+        seen = 0
+        while pos < end:
+            raw = f.readline()
+            if not raw:
+                break
+            line_start, pos, seen = pos, pos + len(raw), seen + 1
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                bad.add("invalid_utf8", where(seen)[0], str(err)[:80])
+                continue
+            except json.JSONDecodeError as err:
+                bad.add("invalid_json", where(seen)[0], err.msg)
+                continue
+            if isinstance(obj, dict) and obj.get(id_field) is not None and isinstance(obj.get(text_field), str) \
+                    and obj[text_field].strip():
+                bad.good += 1           # the common case: no line number needed
+                yield Document(str(obj[id_field]), obj[text_field], obj, ""), line_start, pos
+                continue
+            place, lineno = where(seen)
+            doc = _from_record(obj, place, text_field, id_field, f"{path.name}:{lineno}", bad)
+            if doc is not None:
+                yield doc, line_start, pos
 
 
 def write_jsonl(path: Path, records) -> int:

@@ -6,8 +6,12 @@ in `work_dir`/`output_dir`, and each is resumable (a finished stage or shard wit
 inputs and settings is skipped). Built in:
 
     prepare     fetch, normalise + exact dedup              -> normalized.jsonl
-    signatures  MinHash signatures, dedup.shards tasks      -> dedup/signatures/
-    cluster     LSH + union-find, quality filters, splits, tokenizer -> split/<split>.jsonl
+    signatures  shingles, MinHash, band hashes, dedup.shards tasks -> dedup/signatures/
+    buckets     LSH buckets -> candidate pairs, dedup.bucket_tasks tasks -> dedup/buckets/
+    verify      true Jaccard/containment of the pairs, dedup.shards tasks -> dedup/verify/
+    clusters    connected components over the edges, one job  -> dedup/clusters/removed.npy
+    write       kept/removed parts, dedup.shards tasks        -> dedup/parts/
+    filter      quality filters, splits, tokenizer            -> split/<split>.jsonl
     tokenize    .bin/.idx per split, tokenize.shards tasks  -> <output_dir>/[shards/]
     merge       shards merged in order, blend.json          -> <output_dir>/blend.json
 
@@ -30,7 +34,10 @@ from common.registry import Registry
 
 from .blend import write_blend
 from .config import InputConfig, PreprocessConfig
+from .dedup import STEPS as DEDUP_STEPS
+from .dedup import kept_parts as dedup_kept_parts
 from .dedup import run_dedup
+from .dedup import step_tasks as dedup_step_tasks
 from .fetch import fetch
 from .filters import QualityFilter
 from .markers import Marker, fingerprint, print_summary
@@ -86,11 +93,6 @@ def _split_part(cfg: PreprocessConfig, split: str, shard: int) -> Path:
     return Path(cfg.output_dir) / name if n == 1 else Path(cfg.output_dir) / "shards" / f"{name}.{shard:05d}-of-{n:05d}"
 
 
-def count_lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 22), b""))
-
-
 def split_of(doc_id: str, valid: float, test: float, seed: int) -> str:
     """Deterministic split by document id hash (independent of input order)."""
     u = int(hashlib.sha256(f"{seed}:{doc_id}".encode()).hexdigest()[:12], 16) / 16**12
@@ -101,8 +103,12 @@ def split_of(doc_id: str, valid: float, test: float, seed: int) -> str:
 def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     out = work / "normalized.jsonl"
     inp = cfg.input
+    removed_out = work / "normalize_removed.jsonl"
     marker = Marker(work, "normalize", fingerprint([_settings(inp), _settings(cfg.normalize)], inp.paths))
-    if marker.done():
+    done = marker.done()
+    if done is not None:
+        print_summary("normalize + exact dedup (finished earlier)", {k: v for k, v in done.items() if k != "bad"},
+                      done["bad"]["bad"])
         return out
     bad, exact, removed = BadInput(), ExactDedup(), []
 
@@ -117,25 +123,36 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
             yield {**doc.record, inp.text_field: text, inp.id_field: doc.id}
 
     kept = write_jsonl(out, records())
-    write_jsonl(work / "normalize_removed.jsonl", removed)
+    write_jsonl(removed_out, removed)
     bad.check(inp.max_bad_fraction, f"inputs {inp.paths}")
     summary = {"documents in": bad.good, "exact duplicates": len(removed), "kept": kept}
     print_summary("normalize + exact dedup", summary, dict(bad.counts))
-    marker.mark({**summary, "bad": bad.as_dict()})
+    marker.mark({**summary, "bad": bad.as_dict()}, outputs=[out, removed_out])
     return out
 
 
-def filter_stage(cfg: PreprocessConfig, src: Path, work: Path) -> Path:
-    out = work / "filtered.jsonl"
-    marker = Marker(work, "filter", fingerprint(_settings(cfg.filters), [src]))
-    if marker.done():
+def filter_stage(cfg: PreprocessConfig, srcs: List[Path], work: Path) -> Path:
+    """Quality filters over the JSONL files `srcs`, read in order (the dedup stage's kept parts) ->
+    filtered.jsonl (kept documents, input order) and filtered_out.jsonl (id, rule)."""
+    out, dropped_out = work / "filtered.jsonl", work / "filtered_out.jsonl"
+    marker = Marker(work, "filter", fingerprint(_settings(cfg.filters), srcs))
+    done = marker.done()
+    if done is not None:
+        counts = done["dropped"]
+        print_summary("quality filters (finished earlier)", {"kept": done["kept"], "dropped": sum(counts.values())},
+                      counts)
         return out
     qf = QualityFilter(cfg.filters) if cfg.filters.enabled else None
     dropped: List[dict] = []
     field = cfg.input.text_field
 
+    def lines():
+        for src in srcs:
+            with open(src, encoding="utf-8") as f:
+                yield from f
+
     def records():
-        for line in tqdm(open(src, encoding="utf-8"), desc="filter", unit="doc", file=sys.stderr):
+        for line in tqdm(lines(), desc="filter", unit="doc", file=sys.stderr):
             rec = json.loads(line)
             reason = qf.reject_reason(rec[field], rec) if qf else None
             if reason:
@@ -144,17 +161,19 @@ def filter_stage(cfg: PreprocessConfig, src: Path, work: Path) -> Path:
                 yield rec
 
     kept = write_jsonl(out, records())
-    write_jsonl(work / "filtered_out.jsonl", dropped)
+    write_jsonl(dropped_out, dropped)
     counts = dict(qf.dropped) if qf else {}
     print_summary("quality filters", {"kept": kept, "dropped": len(dropped)}, counts)
-    marker.mark({"kept": kept, "dropped": counts})
+    marker.mark({"kept": kept, "dropped": counts}, outputs=[out, dropped_out])
     return out
 
 
 def split_stage(cfg: PreprocessConfig, src: Path, work: Path) -> Dict[str, Path]:
     outs = {s: work / "split" / f"{s}.jsonl" for s in SPLITS}
     marker = Marker(work / "split", "split", fingerprint(_settings(cfg.split), [src]))
-    if marker.done():
+    done = marker.done()
+    if done is not None:
+        print_summary("splits (by document, finished earlier)", done)
         return outs
     buckets: Dict[str, List[dict]] = {s: [] for s in SPLITS}
     for line in open(src, encoding="utf-8"):
@@ -166,7 +185,7 @@ def split_stage(cfg: PreprocessConfig, src: Path, work: Path) -> Dict[str, Path]
     if empty:
         raise RuntimeError(f"split {empty} got no documents from {counts}; raise split.*_fraction")
     print_summary("splits (by document)", counts)
-    marker.mark(counts)
+    marker.mark(counts, outputs=outs.values())
     return outs
 
 
@@ -174,10 +193,10 @@ def tokenizer_stage(cfg: PreprocessConfig, train_split: Path):
     spec = cfg.tokenizer
     if spec.train:
         marker = Marker(Path(spec.path).parent, "tokenizer", fingerprint(_settings(spec), [train_split]))
-        if not marker.done():
+        if marker.done() is None:
             texts = (json.loads(line)[cfg.input.text_field] for line in open(train_split, encoding="utf-8"))
             tok = train_bpe(texts, spec.vocab_size, spec.min_frequency, spec.path)
-            marker.mark({"vocab_size": tok.vocab_size})
+            marker.mark({"vocab_size": tok.vocab_size}, outputs=[spec.path])
     return load_tokenizer(spec.type, spec.path, threads=cfg.tokenize.workers)
 
 
@@ -190,22 +209,29 @@ def prepare(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     return {}
 
 
-@register_stage("signatures", shards=lambda cfg: cfg.dedup.shards, enabled=lambda cfg: cfg.dedup.enabled)
-def signatures(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
-    work = Path(cfg.work_dir)
-    run_dedup(_jsonl_input(cfg, _needs(work / "normalized.jsonl", "prepare")), cfg.dedup, work / "dedup",
-              "signatures", shard)
-    return {}
+def _dedup_step(step: str, tasks: Callable[[PreprocessConfig], Optional[int]]) -> StageFn:
+    """The pipeline stage of one dedup step: its tasks over normalized.jsonl -> work_dir/dedup/."""
+    def run(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+        work = Path(cfg.work_dir)
+        inp = _jsonl_input(cfg, _needs(work / "normalized.jsonl", "prepare"))
+        return run_dedup(inp, cfg.dedup, work / "dedup", step, shard)
+    register_stage(step, shards=tasks, enabled=lambda cfg: cfg.dedup.enabled)(run)
+    return run
 
 
-@register_stage("cluster")
-def cluster(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+for _step in DEDUP_STEPS:
+    _dedup_step(_step, lambda cfg, step=_step: dedup_step_tasks(cfg.dedup, step))
+
+
+@register_stage("filter")
+def filter_split_tokenizer(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+    """Quality filters over the dedup write step's kept parts (in order), splits, tokenizer."""
     work = Path(cfg.work_dir)
-    deduped = _needs(work / "normalized.jsonl", "prepare")
     if cfg.dedup.enabled:
-        run_dedup(_jsonl_input(cfg, deduped), cfg.dedup, work / "dedup", "cluster")
-        deduped = work / "dedup" / "kept.jsonl"
-    splits = split_stage(cfg, filter_stage(cfg, deduped, work), work)
+        srcs = [_needs(p, "write") for p in dedup_kept_parts(work / "dedup", cfg.dedup)]
+    else:
+        srcs = [_needs(work / "normalized.jsonl", "prepare")]
+    splits = split_stage(cfg, filter_stage(cfg, srcs, work), work)
     tokenizer_stage(cfg, splits["train"])
     return {}
 
@@ -213,14 +239,13 @@ def cluster(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
 @register_stage("tokenize", shards=lambda cfg: cfg.tokenize.shards)
 def tokenize(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     work = Path(cfg.work_dir)
-    tok = tokenizer_stage(cfg, _needs(work / "split" / "train.jsonl", "cluster"))
+    tok = tokenizer_stage(cfg, _needs(work / "split" / "train.jsonl", "filter"))
     n = cfg.tokenize.shards
     for split in SPLITS:
-        path = _needs(work / "split" / f"{split}.jsonl", "cluster")
-        total = count_lines(path)
-        for k in range(n) if shard is None else [shard]:
+        path = _needs(work / "split" / f"{split}.jsonl", "filter")
+        for k in range(n) if shard is None else [shard]:      # shard k reads only its k-th byte range
             tokenize_to_indexed(_jsonl_input(cfg, path), tok, _split_part(cfg, split, k), cfg.tokenize,
-                                None if n == 1 else (k * total // n, (k + 1) * total // n))
+                                None if n == 1 else (k, n))
     return {}
 
 

@@ -3,21 +3,36 @@
     python -m preprocessing.tokenize_indexed --input docs.jsonl --tokenizer DIR|FILE --output PREFIX
     make tokenize INPUT=docs.jsonl TOKENIZER=DIR OUTPUT=PREFIX
 
-Written with megatron-core's IndexedDatasetBuilder, dtype by `DType.optimal_dtype(vocab)`
-(uint16 below 65500 tokens, else int32), one sequence per document with EOD appended:
-the layout Megatron-LM's `tools/preprocess_data.py --append-eod` writes, so files from
-either tool mix. Streaming in batches (memory is one batch); HF tokenizers encode a
-batch on all cores, SentencePiece with `tokenize.workers` threads. A JSON sidecar
-records tokenizer, counts and source hashes. Output appears atomically (tmp + rename).
+One sequence per document with EOD appended, dtype uint16 below 65,500 token ids else int32: the
+files Megatron-LM's `tools/preprocess_data.py --append-eod` writes, byte for byte, so files from
+either tool mix. They are written with numpy (preprocessing/indexed_io.py), not megatron.core,
+whose import (torch) cost 4 of the 6 s start-up.
+
+Plain JSONL inputs are read by byte range: shard k of n (`shard=(k, n)`, a tokenize array task)
+reads only bytes [k*size/n, (k+1)*size/n) of the inputs, a line belonging to the range where it
+starts, so shards merged in order (`merge_indexed`) give the bytes of one pass. Within a shard,
+`tokenize.workers` processes (forked, so no tokenizer reload) encode consecutive byte ranges side
+by side, each on one thread, and their token files are concatenated: JSON parsing and id handling
+run in parallel too, unlike one `encode_batch` call whose Python side holds the GIL. Other inputs
+(.gz/.zst, Parquet, text folders, HF datasets) cannot be entered in the middle: they are read in
+this process and encoded on the tokenizer's own threads, and cannot be sharded.
+A JSON sidecar records tokenizer, counts and source hashes. Output appears atomically (tmp + rename).
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import multiprocessing
 import os
+import shutil
 import sys
+import traceback
+from array import array
+from contextlib import ExitStack, nullcontext
 from itertools import islice
+from multiprocessing.connection import wait
 from pathlib import Path
-from typing import List, Tuple
+from typing import Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -26,9 +41,12 @@ from common.digest import file_digest
 
 from .cli import cli_main, stage_args
 from .config import InputConfig, TokenizeConfig
+from .indexed_io import concatenate, optimal_dtype, write_index
 from .markers import Marker, fingerprint, print_summary
-from .records import BadInput, read_documents
-from .tokenizer_io import describe, load_tokenizer
+from .records import BadInput, Piece, byte_shard, cut, plain_jsonl, read_documents, read_jsonl_range
+from .tokenizer_io import describe, load_tokenizer, one_thread
+
+MIN_WORKER_BYTES = 1 << 20          # below this per worker, forking costs more than it saves
 
 
 def batched(iterable, n: int):
@@ -37,53 +55,178 @@ def batched(iterable, n: int):
         yield batch
 
 
+def length(pieces: List[Piece]) -> int:
+    return sum(end - start for _, start, end in pieces)
+
+
+def jsonl_texts(pieces: List[Piece], inp: InputConfig, bad: BadInput, done: Optional[list] = None) -> Iterator[str]:
+    """Texts of the JSONL lines that start in `pieces` (records.read_jsonl_range); `done[0]` counts the
+    bytes read (progress)."""
+    for path, start, end in pieces:
+        read = start
+        for doc, _, line_end in read_jsonl_range((path, start, end), inp.text_field, inp.id_field, bad):
+            if done is not None:
+                done[0], read = done[0] + line_end - read, line_end
+            yield doc.text
+        if done is not None:
+            done[0] += max(0, end - read)
+
+
+def encode_to(out, texts: Iterable[str], tokenizer, dtype: np.dtype, cfg: TokenizeConfig,
+              on_batch=lambda: None) -> array:
+    """Encode `texts` in batches, writing the tokens (+ EOD) to `out`; returns the sequence lengths."""
+    typecode = {"uint16": "H", "int32": "i"}[np.dtype(dtype).name]
+    lengths = array("i")
+    for batch in batched(texts, cfg.batch_size):
+        tokens = array(typecode)
+        for ids in tokenizer.encode_batch(batch):
+            tokens.extend(ids)              # C loop over the id list; raises if an id does not fit
+            if cfg.append_eod:
+                tokens.append(tokenizer.eod)
+            lengths.append(len(ids) + cfg.append_eod)
+        if sys.byteorder == "big":
+            tokens.byteswap()
+        out.write(tokens)
+        on_batch()
+    return lengths
+
+
+def _worker(run: List[Piece], inp, tokenizer, dtype, cfg, bin_path: str, progress, slot: int, conn) -> None:
+    """One forked worker: encode a run of pieces into `bin_path`; send (lengths, bad counts) back."""
+    try:
+        bad, done = BadInput(), [0]
+
+        def report():
+            progress[slot] = done[0]
+        with open(bin_path, "wb") as out:
+            lengths = encode_to(out, jsonl_texts(run, inp, bad, done),
+                                tokenizer, dtype, cfg, report)
+        conn.send(("ok", lengths.tobytes(), bad.good, dict(bad.counts), dict(bad.examples)))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _encode_pieces(pieces: List[Piece], inp, tokenizer, dtype, cfg, tmp: Path, bad: BadInput) -> np.ndarray:
+    """Tokens of `pieces` into `tmp`.bin with `cfg.workers` processes; returns the sequence lengths."""
+    total = length(pieces)
+    workers = max(1, min(cfg.workers, total // MIN_WORKER_BYTES))
+    runs = [cut(pieces, w * total // workers, (w + 1) * total // workers) for w in range(workers)]
+    ctx = multiprocessing.get_context("fork")          # the loaded tokenizer comes along, no reload
+    shared = ctx.RawArray("q", workers)
+    procs, conns = [], []
+    with one_thread(tokenizer) if workers > 1 else nullcontext(), ExitStack() as stack:
+        try:
+            for w in range(1, workers):
+                recv, send = ctx.Pipe(duplex=False)
+                procs.append(ctx.Process(target=_worker, args=(runs[w], inp, tokenizer, dtype, cfg,
+                                                               f"{tmp}.bin.part{w}", shared, w, send), daemon=True))
+                procs[-1].start()
+                send.close()
+                conns.append(recv)
+            done = [0]       # the progress bar starts after the forks: its monitor thread must not be forked
+            progress = stack.enter_context(tqdm(desc=f"tokenize {tmp.name.removesuffix('.tmp')}", total=total,
+                                                unit="B", unit_scale=True, file=sys.stderr))
+
+            def report():
+                shared[0] = done[0]
+                progress.update(sum(shared) - progress.n)
+            with open(f"{tmp}.bin", "wb") as out:
+                lengths = [np.frombuffer(encode_to(out, jsonl_texts(runs[0], inp, bad, done), tokenizer, dtype, cfg,
+                                                   report), dtype=np.int32)]
+                for w, conn in enumerate(conns, 1):
+                    while not wait([conn], timeout=0.5):
+                        report()
+                    try:
+                        reply = conn.recv()
+                    except EOFError:
+                        procs[w - 1].join()
+                        raise RuntimeError(f"tokenize worker {w} died (exit code {procs[w - 1].exitcode})") from None
+                    if reply[0] == "error":
+                        raise RuntimeError(f"tokenize worker {w} failed:\n{reply[1]}")
+                    lengths.append(np.frombuffer(reply[1], dtype=np.int32))
+                    part = BadInput(good=reply[2])
+                    part.counts.update(reply[3])
+                    part.examples.update(reply[4])
+                    bad.merge(part)
+                    with open(f"{tmp}.bin.part{w}", "rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 22)
+                    os.unlink(f"{tmp}.bin.part{w}")
+                report()
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+                p.join()
+            for w in range(1, workers):
+                Path(f"{tmp}.bin.part{w}").unlink(missing_ok=True)
+    return np.concatenate(lengths)
+
+
+def _range_digest(piece: Piece) -> str:
+    path, start, end = piece
+    if start == 0 and end == path.stat().st_size:
+        return file_digest(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = end - start
+        while left > 0 and (chunk := f.read(min(left, 1 << 20))):
+            h.update(chunk)
+            left -= len(chunk)
+    return h.hexdigest()
+
+
 def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: TokenizeConfig,
-                        doc_range: Tuple[int, int] | None = None) -> dict:
-    """`doc_range` (lo, hi): only documents lo..hi-1 of the input (one shard; merge_indexed joins them)."""
+                        shard: Optional[Tuple[int, int]] = None) -> dict:
+    """Tokenize the inputs into `prefix`.bin/.idx/.json. `shard` (k, n): only the k-th of n byte ranges
+    of the (plain JSONL) inputs; `merge_indexed` joins the n shards into the bytes of one pass."""
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    settings = [vars(inp), {k: v for k, v in vars(cfg).items() if k != "shards"}, describe(tokenizer), doc_range]
+    plain = plain_jsonl(inp.paths, inp.format)
+    if shard and shard[1] > 1 and not plain:
+        raise ValueError(f"tokenize.shards={shard[1]} needs plain JSONL inputs (read by byte range), got {inp.paths}")
+    settings = [vars(inp), cfg.append_eod, describe(tokenizer), shard]    # workers and batch size change no byte
     marker = Marker(prefix.parent, prefix.name, fingerprint(settings, inp.paths))
     done = marker.done()
     if done:
         return done
-    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # torch: only when writing
-    dtype = DType.optimal_dtype(tokenizer.vocab_size)
+    dtype = optimal_dtype(tokenizer.vocab_size)
     tmp = prefix.with_name(prefix.name + ".tmp")
-    builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=dtype)
-    bad, docs, tokens = BadInput(), 0, 0
-    progress = tqdm(desc=f"tokenize {prefix.name}", unit="doc", file=sys.stderr)
-    docs_in = read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field, bad=bad)
-    for batch in batched(islice(docs_in, *doc_range) if doc_range else docs_in, cfg.batch_size):
-        for ids in tokenizer.encode_batch([d.text for d in batch]):
-            if cfg.append_eod:
-                ids.append(tokenizer.eod)
-            builder.add_document(np.asarray(ids, dtype=dtype), [len(ids)])
-            tokens += len(ids)
-        docs += len(batch)
-        progress.update(len(batch))
-    progress.close()
+    bad = BadInput()
+    if plain:
+        pieces = byte_shard(inp.paths, *(shard or (0, 1)))
+        lengths = _encode_pieces(pieces, inp, tokenizer, dtype, cfg, tmp, bad)
+        sources = [{"path": str(p), "bytes": p.stat().st_size, "range": [s, e], "sha256": _range_digest((p, s, e))}
+                   for p, s, e in pieces]
+    else:
+        docs = read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field, bad=bad)
+        with open(f"{tmp}.bin", "wb") as out:
+            lengths = np.frombuffer(encode_to(out, (d.text for d in tqdm(docs, desc=f"tokenize {prefix.name}",
+                                                                         unit="doc", file=sys.stderr)),
+                                              tokenizer, dtype, cfg), dtype=np.int32)
+        sources = [{"path": str(p), "bytes": Path(p).stat().st_size, "sha256": file_digest(Path(p))}
+                   for p in inp.paths if Path(p).is_file()]
     bad.check(inp.max_bad_fraction, f"tokenize input {inp.paths}")
-    builder.finalize(f"{tmp}.idx")
+    write_index(f"{tmp}.idx", dtype, lengths)
     os.replace(f"{tmp}.bin", f"{prefix}.bin")
     os.replace(f"{tmp}.idx", f"{prefix}.idx")
-    summary = {"documents": docs, "tokens": tokens, "dtype": np.dtype(dtype).name,
+    docs, tokens = len(lengths), int(lengths.sum(dtype=np.int64))
+    summary = {"documents": docs, "tokens": tokens, "dtype": dtype.name,
                "tokens_per_document": round(tokens / max(1, docs), 1)}
-    sidecar = {"prefix": str(prefix), **summary, "documents_range": doc_range, "append_eod": cfg.append_eod,
-               "tokenizer": describe(tokenizer),
-               "sources": [{"path": str(p), "bytes": Path(p).stat().st_size, "sha256": file_digest(Path(p))}
-                           for p in inp.paths if Path(p).is_file()],
-               "skipped": bad.as_dict()}
+    sidecar = {"prefix": str(prefix), **summary, "shard": shard, "append_eod": cfg.append_eod,
+               "tokenizer": describe(tokenizer), "sources": sources, "skipped": bad.as_dict()}
     Path(f"{prefix}.json").write_text(json.dumps(sidecar, indent=1))
-    print_summary(f"tokenize -> {prefix}.bin/.idx" + (f" (documents {doc_range[0]}..{doc_range[1] - 1})"
-                                                      if doc_range else ""), summary, dict(bad.counts))
-    marker.mark(summary)
+    print_summary(f"tokenize -> {prefix}.bin/.idx" + (f" (shard {shard[0]} of {shard[1]})" if shard else ""),
+                  summary, dict(bad.counts))
+    marker.mark(summary, outputs=[f"{prefix}.{ext}" for ext in ("bin", "idx", "json")])
     return summary
 
 
 def merge_indexed(parts: List[Path], prefix: str | Path) -> dict:
-    """Concatenate indexed datasets in order (megatron-core's `add_index`, as Megatron-LM's
-    tools/merge_datasets.py): shards of contiguous document ranges give the bytes of one pass."""
+    """Concatenate indexed datasets in order (as Megatron-LM's tools/merge_datasets.py): shards of
+    consecutive byte ranges give the bytes of one pass."""
     prefix = Path(prefix)
     sidecars = []
     for part in parts:
@@ -95,20 +238,15 @@ def merge_indexed(parts: List[Path], prefix: str | Path) -> dict:
     done = marker.done()
     if done:
         return done
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # torch: only when writing
-    dtype = np.dtype(sidecars[0]["dtype"]).type
     tmp = prefix.with_name(prefix.name + ".tmp")
-    builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=dtype)
-    for part in parts:
-        builder.add_index(str(part))
-    builder.finalize(f"{tmp}.idx")
+    dtype, _, _ = concatenate(parts, tmp)
     os.replace(f"{tmp}.bin", f"{prefix}.bin")
     os.replace(f"{tmp}.idx", f"{prefix}.idx")
     docs, tokens = sum(s["documents"] for s in sidecars), sum(s["tokens"] for s in sidecars)
-    summary = {"documents": docs, "tokens": tokens, "dtype": sidecars[0]["dtype"],
+    summary = {"documents": docs, "tokens": tokens, "dtype": dtype.name,
                "tokens_per_document": round(tokens / max(1, docs), 1)}
     Path(f"{prefix}.json").write_text(json.dumps({"prefix": str(prefix), **summary, "parts": sidecars}, indent=1))
-    marker.mark(summary)
+    marker.mark(summary, outputs=[f"{prefix}.{ext}" for ext in ("bin", "idx", "json")])
     return summary
 
 

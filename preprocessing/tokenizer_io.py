@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Iterable, Iterator, List, Optional
 
 from common.digest import file_digest
 
@@ -49,7 +50,9 @@ class HFTokenizer:
         self.eod = eod
 
     def encode_batch(self, texts: List[str]) -> List[List[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        """Ids of each text: `encode_batch_fast` skips the offsets (`encode_batch` took 1.6x as long), runs on the
+        tokenizers thread pool unless TOKENIZERS_PARALLELISM is false (see `one_thread`)."""
+        return [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
 
     def encode(self, text: str) -> List[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -87,6 +90,25 @@ class SentencePieceTokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         LlamaTokenizer(vocab_file=str(self.files[0]), add_bos_token=False, legacy=True).save_pretrained(str(directory))
+
+
+@contextmanager
+def one_thread(tok) -> Iterator[None]:
+    """Encode on the calling thread only, in this process and in processes forked meanwhile (which
+    then neither start a thread pool nor print tokenizers' fork warning); restored afterwards."""
+    old_env, old_threads = os.environ.get("TOKENIZERS_PARALLELISM"), getattr(tok, "threads", None)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"      # read by tokenizers at every batch call
+    if old_threads is not None:
+        tok.threads = 1
+    try:
+        yield
+    finally:
+        if old_env is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = old_env
+        if old_threads is not None:
+            tok.threads = old_threads
 
 
 def load_tokenizer(kind: Optional[str], path: str | Path, threads: int = 2):

@@ -1,88 +1,120 @@
-"""MinHashLSH dedup on a generated corpus with planted duplicates at known Jaccard levels."""
+"""The sharded MinHash dedup engine: datasketch-equal signatures, byte shards that read each line once,
+output bytes independent of shard and bucket-task counts, per-shard resume that checks its outputs.
+(Recall and precision on planted corpora: tests/test_dedup_quality.py.)"""
+import gzip
 import json
-import random
+import re
+
+import numpy as np
+import pytest
+from datasketch import MinHash
 
 from preprocessing.config import DedupConfig, InputConfig
-from preprocessing.dedup import run_dedup, s_curve, shingles
+from preprocessing.dedup import run_dedup
+from preprocessing.dedup.minhash import permutations, shingle_hashes, shingle_hashes_batch, signatures, words_batch
+from preprocessing.dedup.planted import planted_corpus
+from preprocessing.dedup.shards import DocShards
+from preprocessing.records import BadInput, read_documents
+from tests.test_bad_input import lines_with_bad_input
 
-VOCAB = [f"w{i}" for i in range(50_000)]
-
-
-def jaccard(a: str, b: str, n: int = 5) -> float:
-    sa, sb = set(shingles(a, n)), set(shingles(b, n))
-    return len(sa & sb) / len(sa | sb)
-
-
-def planted_corpus(path, seed=7):
-    """60 originals; per original one of: exact copy, word swaps (J~0.9/0.75/0.55), truncation (J~0.85)."""
-    rng = random.Random(seed)
-    docs, truth = [], {}          # truth: duplicate id -> (original id, true Jaccard)
-    for i in range(60):
-        words = rng.sample(VOCAB, 400)
-        base = " ".join(words)
-        docs.append({"id": f"o{i}", "text": base, "meta": i})
-        kind = i % 5
-        if kind == 0:
-            variant = base
-        elif kind in (1, 2, 3):
-            swaps = {1: 4, 2: 12, 3: 30}[kind]
-            w = list(words)
-            for pos in rng.sample(range(400), swaps):
-                w[pos] = rng.choice(VOCAB)
-            variant = " ".join(w)
-        else:
-            variant = " ".join(words[:340])
-        vid = f"v{i}"
-        docs.append({"id": vid, "text": variant})
-        truth[vid] = (f"o{i}", jaccard(base, variant))
-    rng.shuffle(docs[60:])        # originals first, so the kept document is the original
-    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    return docs, truth
+TEXTS = ["To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer",
+         "Naïve café — ÉCOLE d'été, straße; 日本語 テキスト and   some_snake_case 42 words",
+         "two words", "", "?!", "x " * 40]
 
 
-def test_recall_precision_and_determinism(tmp_path):
-    corpus = tmp_path / "corpus.jsonl"
-    docs, truth = planted_corpus(corpus)
-    cfg = DedupConfig(threshold=0.8, num_perm=128, ngram=5, seed=1, shards=3, workers=1)
-    inp = InputConfig(paths=[str(corpus)])
-    summary = run_dedup(inp, cfg, tmp_path / "a")
-    removed = {json.loads(x)["id"]: json.loads(x) for x in (tmp_path / "a/removed.jsonl").read_text().splitlines()}
-    should = {vid for vid, (_, j) in truth.items() if j >= 0.8}
-    found = set(removed)
-    assert all(removed[v]["duplicate_of"] == truth[v][0] for v in found & should)
-    # Expected from the S-curve (12 bands x 10 rows): P(candidate) 0.994 at J=0.9, 0.93 at 0.85,
-    # then verification against the estimated Jaccard (std ~0.03 at 128 permutations).
-    high = {v for v, (_, j) in truth.items() if j >= 0.9}
-    mid = should - high
-    assert found >= high, sorted(high - found)
-    assert len(found & mid) / len(mid) >= 0.8, sorted(mid - found)
-    precision = len(found & should) / max(1, len(found))
-    assert precision >= 0.9, sorted(found - should)
-    assert all(truth[v][1] >= 0.7 for v in found)          # misses are near the threshold, never far below
-    levels = sorted({round(j, 2) for _, j in truth.values()})
-    assert min(levels) < 0.7 and max(levels) == 1.0        # planted pairs span the threshold
-    assert summary["removed exact"] == sum(1 for _, j in truth.values() if j == 1.0)
-    kept = [json.loads(x) for x in (tmp_path / "a/kept.jsonl").read_text().splitlines()]
-    assert kept == [d for d in docs if d["id"] not in found]      # records unchanged, order kept
-    run_dedup(inp, cfg, tmp_path / "b")
-    assert (tmp_path / "a/removed.jsonl").read_bytes() == (tmp_path / "b/removed.jsonl").read_bytes()
-    assert (tmp_path / "a/kept.jsonl").read_bytes() == (tmp_path / "b/kept.jsonl").read_bytes()
+def test_shingles_and_signatures_equal_datasketch():
+    words, counts = words_batch(TEXTS)
+    assert counts.tolist() == [len(re.findall(r"\w+", t.lower())) for t in TEXTS]   # the regex's words
+    hashes, offsets = shingle_hashes_batch(TEXTS, 3)
+    for i, text in enumerate(TEXTS):
+        one = shingle_hashes(text, 3)
+        assert np.array_equal(one, hashes[offsets[i]:offsets[i + 1]]) and np.all(np.diff(one.astype(np.int64)) > 0)
+    assert offsets[4] - offsets[3] == 1 and offsets[3] - offsets[2] == 1     # short and empty: one shingle
+    assert np.array_equal(shingle_hashes("TWO Words", 3), shingle_hashes(TEXTS[2], 3))       # lowercased
+    perms = permutations(128, 7)
+    sig = signatures(hashes, perms, offsets, block=16)                       # blocks split documents apart
+    for i in range(len(TEXTS)):
+        m = MinHash(num_perm=128, seed=7, hashfunc=int)
+        m.update_batch(hashes[offsets[i]:offsets[i + 1]].tolist())
+        assert np.array_equal(m.hashvalues, sig[i])
 
 
-def test_signature_and_cluster_steps_are_separable_and_resumable(tmp_path):
-    corpus = tmp_path / "corpus.jsonl"
-    planted_corpus(corpus)
-    cfg = DedupConfig(shards=2, workers=1)
-    inp = InputConfig(paths=[str(corpus)])
+def test_byte_shards_read_every_document_once_in_input_order(tmp_path):
+    """Bad lines, blank lines, a last line without newline, missing ids (file:line) and two files: the
+    shards' documents together are read_documents' documents, for any shard count."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_bytes(b"\n".join(lines_with_bad_input()) + b"\n\n" + json.dumps({"text": "no id here"}).encode() + b"\n")
+    b.write_bytes(b"\n".join(json.dumps({"id": f"b{i}", "text": "t" * i}).encode() for i in range(1, 30)))
+    inp = InputConfig(paths=[str(a), str(b)])
+    ref_bad = BadInput()
+    ref = [(d.id, d.record) for d in read_documents(inp.paths, bad=ref_bad)]
+    assert ref[2] == ("a.jsonl:10", {"text": "no id here"})
+    for shards in (1, 2, 3, 7, 40):
+        layout, bad, got = DocShards.of(inp, DedupConfig(shards=shards)), BadInput(), []
+        assert layout.by_bytes
+        for k in range(shards):
+            got += [(key, d.id, d.record) for key, d, _, _ in layout.documents(k, inp, bad)]
+        assert [g[1:] for g in got] == ref and [g[0] for g in got] == sorted(g[0] for g in got)
+        assert bad.counts == ref_bad.counts and bad.good == ref_bad.good
+        assert sorted(bad.examples["invalid_json"]) == sorted(ref_bad.examples["invalid_json"])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dedup") / "planted.jsonl"
+    planted_corpus(path, n_docs=600, seed=3)
+    return path
+
+
+def _run(corpus, out, **kw) -> tuple:
+    run_dedup(InputConfig(paths=[str(corpus)]), DedupConfig(workers=1, **kw), out)
+    return (out / "kept.jsonl").read_bytes(), (out / "removed.jsonl").read_bytes()
+
+
+def test_same_bytes_for_any_shard_and_bucket_task_count(corpus, tmp_path):
+    one = _run(corpus, tmp_path / "s1", shards=1, bucket_tasks=1)
+    assert _run(corpus, tmp_path / "s4", shards=4, bucket_tasks=3) == one
+    kept, removed = one[0].decode().splitlines(), [json.loads(x) for x in one[1].decode().splitlines()]
+    gone = {r["id"] for r in removed}
+    lines = corpus.read_text().splitlines()
+    assert kept == [x for x in lines if json.loads(x)["id"] not in gone]    # input lines unchanged, input order
+    assert len(removed) > 50 and {r["method"] for r in removed} >= {"exact", "jaccard"}
+    kept_ids = {json.loads(x)["id"] for x in kept}
+    assert all(r["duplicate_of"] in kept_ids for r in removed)               # no cluster loses all its members
+    assert all(set(r) == {"id", "duplicate_of", "method", "jaccard", "containment"} for r in removed)
+    gz = tmp_path / "planted.jsonl.gz"                                        # not seekable: i % S == k fallback
+    gz.write_bytes(gzip.compress(corpus.read_bytes()))
+    run_dedup(InputConfig(paths=[str(gz)]), DedupConfig(workers=1, shards=3, bucket_tasks=2), tmp_path / "gz")
+    assert (tmp_path / "gz" / "removed.jsonl").read_bytes() == one[1]
+    assert [json.loads(x) for x in (tmp_path / "gz" / "kept.jsonl").read_text().splitlines()] == \
+        [json.loads(x) for x in kept]
+
+
+def test_finished_shards_are_not_redone_and_damaged_outputs_are_rebuilt(corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    ref = _run(corpus, out, shards=3, bucket_tasks=2)
+    files = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    assert _run(corpus, out, shards=3, bucket_tasks=2) == ref
+    assert {p: p.stat().st_mtime_ns for p in files} == files                 # nothing redone
+    (out / "signatures" / "00001-of-00003" / "shingles.u32").unlink()        # one shard's output lost
+    (out / "buckets" / "pairs-00000-of-00002.npy").write_bytes(b"")          # one task's output truncated
+    capsys.readouterr()
+    assert _run(corpus, out, shards=3, bucket_tasks=2) == ref
+    err = capsys.readouterr().err
+    assert "redoing signatures-00001-of-00003" in err and "redoing buckets-00000-of-00002" in err
+    same = [p for p in files if p.exists() and p.stat().st_mtime_ns == files[p]]
+    assert out / "signatures" / "00000-of-00003" / "bands.npy" in same        # the finished shards stand
+    assert out / "signatures" / "00002-of-00003" / "bands.npy" in same
+    assert out / "signatures" / "00001-of-00003" / "bands.npy" not in same
+
+
+def test_stage_steps_one_task_at_a_time_as_slurm_runs_them(corpus, tmp_path):
+    inp, cfg = InputConfig(paths=[str(corpus)]), DedupConfig(workers=1, shards=2, bucket_tasks=2)
     run_dedup(inp, cfg, tmp_path / "arr", step="signatures", shard=0)
-    run_dedup(inp, cfg, tmp_path / "arr", step="signatures", shard=1)
-    first = (tmp_path / "arr/signatures/shard-00000-of-00002.npz").stat().st_mtime_ns
-    run_dedup(inp, cfg, tmp_path / "arr", step="signatures", shard=0)      # finished shard: not redone
-    assert (tmp_path / "arr/signatures/shard-00000-of-00002.npz").stat().st_mtime_ns == first
-    run_dedup(inp, cfg, tmp_path / "arr", step="cluster")
-    run_dedup(inp, cfg, tmp_path / "local")
-    assert (tmp_path / "arr/removed.jsonl").read_bytes() == (tmp_path / "local/removed.jsonl").read_bytes()
-
-
-def test_s_curve():
-    assert s_curve(0.8, 12, 10) > 0.7 and s_curve(0.5, 12, 10) < 0.02
+    with pytest.raises(FileNotFoundError, match="'signatures' task 1 has not finished"):
+        run_dedup(inp, cfg, tmp_path / "arr", step="buckets", shard=0)
+    for step, tasks in (("signatures", 2), ("buckets", 2), ("verify", 2), ("clusters", 1), ("write", 2)):
+        for k in range(tasks):
+            run_dedup(inp, cfg, tmp_path / "arr", step=step, shard=k if tasks > 1 else None)
+    parts = b"".join((tmp_path / "arr" / "parts" / f"kept-0000{k}-of-00002.jsonl").read_bytes() for k in (0, 1))
+    assert parts == _run(corpus, tmp_path / "all", shards=1, bucket_tasks=1)[0]

@@ -37,7 +37,7 @@ def words_of(doc: FilterDoc) -> set:
 
 @register_stage("test_split_stats")
 def split_stats(cfg, shard=None):
-    """A stage of our own between cluster and tokenize: documents per split -> <work_dir>/split_stats.json."""
+    """A stage of our own between filter and tokenize: documents per split -> <work_dir>/split_stats.json."""
     work = Path(cfg.work_dir)
     counts = {s: len((work / "split" / f"{s}.jsonl").read_text().splitlines()) for s in ("train", "valid", "test")}
     (work / "split_stats.json").write_text(json.dumps(counts))
@@ -58,14 +58,14 @@ def overrides(corpus: Path, root: Path) -> list:
             f"tokenizer.path='{root}/out/tokenizer'", "tokenizer.vocab_size=1024", "split.valid_fraction=0.1",
             "split.test_fraction=0.1", "dedup.workers=1", "dedup.shards=2",
             "filters.names=[gopher,test_banned_word]", f"+filters.params.banned_word={BANNED}",
-            "stages=[prepare,signatures,cluster,test_split_stats,tokenize,merge]"]
+            "stages=[prepare,signatures,buckets,verify,clusters,write,filter,test_split_stats,tokenize,merge]"]
 
 
 def check_outputs(root: Path) -> int:
     """The filter's rejects are counted as skipped under its rule and appear in no output; returns their count."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset  # torch: not at collection time
     work, out = root / "work", root / "out"
-    texts = {r["id"]: r["text"] for r in map(json.loads, (work / "dedup" / "kept.jsonl").read_text().splitlines())}
+    texts = {r["id"]: r["text"] for r in map(json.loads, (work / "normalized.jsonl").read_text().splitlines())}
     rejected = [r["id"] for r in map(json.loads, (work / "filtered_out.jsonl").read_text().splitlines())
                 if r["reason"] == "banned_word"]
     assert rejected and all(BANNED in words_of(FilterDoc.of(texts[i])) for i in rejected)

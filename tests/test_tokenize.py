@@ -6,9 +6,13 @@ import numpy as np
 import pytest
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 
-from preprocessing.config import InputConfig, TokenizeConfig
+from preprocessing import tokenize_indexed
+from preprocessing.config import InputConfig, PreprocessConfig, TokenizeConfig, TokenizerSpec
 from preprocessing.fetch import fetch
-from preprocessing.tokenize_indexed import tokenize_to_indexed
+from preprocessing.indexed_io import optimal_dtype
+from preprocessing.records import BadInput, cut
+from preprocessing.stages import merge, tokenize
+from preprocessing.tokenize_indexed import jsonl_texts, tokenize_to_indexed
 from preprocessing.tokenizer_io import load_tokenizer
 from tests.conftest import REPO
 
@@ -42,19 +46,73 @@ def megatron_lm_style(prefix, docs, tok):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "sentencepiece"])
-def test_files_are_byte_equal_to_megatron_lm_layout(tmp_path, kind):
+def test_files_are_byte_equal_to_megatron_lm_layout(tmp_path, kind, monkeypatch):
+    """Our numpy writer, with 1 and 2 worker processes, against megatron-core's IndexedDatasetBuilder."""
     path = fetch("gpt2-tokenizer") if kind == "gpt2" else fetch("llama-sp-tokenizer")
     tok = load_tokenizer(kind, path)
     docs = ["Shall I compare thee to a summer's day?", "Thou art more lovely and more temperate:\n\nRough winds",
             "ünïcödé — dashes… and emoji 🎭", "x" * 3000]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    tokenize_to_indexed(InputConfig(paths=[str(tmp_path / "in.jsonl")]), tok, tmp_path / "ours",
-                        TokenizeConfig(batch_size=3))
     megatron_lm_style(tmp_path / "ref", docs, tok)
-    for ext in (".bin", ".idx"):
-        assert (tmp_path / f"ours{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes()
-    sidecar = json.loads((tmp_path / "ours.json").read_text())
+    monkeypatch.setattr(tokenize_indexed, "MIN_WORKER_BYTES", 1)         # fork workers even for 4 documents
+    for workers in (1, 2):
+        tokenize_to_indexed(InputConfig(paths=[str(tmp_path / "in.jsonl")]), tok, tmp_path / f"ours{workers}",
+                            TokenizeConfig(batch_size=3, workers=workers))
+        for ext in (".bin", ".idx"):
+            assert (tmp_path / f"ours{workers}{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes()
+    sidecar = json.loads((tmp_path / "ours2.json").read_text())
     assert sidecar["documents"] == 4 and sidecar["dtype"] == "uint16"
+    ds = IndexedDataset(str(tmp_path / "ours2"))
+    assert [ds[i].tolist() for i in range(len(ds))] == [tok.encode(d) + [tok.eod] for d in docs]
+
+
+def test_byte_ranges_read_every_line_once_in_order(tmp_path):
+    """Any cut of a JSONL file into byte ranges yields each document once, in order; bad lines are
+    counted once with their line number."""
+    lines = [json.dumps({"text": f"doc {i} " + "word " * (i * 7 % 23)}) for i in range(9)]
+    lines[3], lines[6] = "{not json", ""
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines))                                 # no newline after the last line
+    want = [json.loads(x)["text"] for x in lines if x.startswith('{"')]
+    size = path.stat().st_size
+    for n in (1, 2, 3, 5, 16, size):
+        bad, got = BadInput(), []
+        for k in range(n):
+            got += jsonl_texts(cut([(path, 0, size)], k * size // n, (k + 1) * size // n), InputConfig(), bad)
+        assert got == want, n
+        assert dict(bad.counts) == {"invalid_json": 1} and bad.examples["invalid_json"][0].startswith(f"{path}:4:")
+
+
+def test_tokenize_shards_merge_to_the_bytes_of_one_pass(tmp_path, monkeypatch):
+    """tokenize.shards=1 vs 3 (one shard of each split empty) and 1 vs 2 workers: the same merged files."""
+    monkeypatch.setattr(tokenize_indexed, "MIN_WORKER_BYTES", 1)
+    split_dir = tmp_path / "work" / "split"
+    split_dir.mkdir(parents=True)
+    for split, docs in {"train": ["a long first document " * 60, "second", "third one", "fourth"],
+                        "valid": ["only a long one " * 40, "and a short one"], "test": ["just one document"]}.items():
+        (split_dir / f"{split}.jsonl").write_text("".join(json.dumps({"id": f"{split}{i}", "text": t}) + "\n"
+                                                          for i, t in enumerate(docs)))
+    outs = {}
+    for shards, workers in ((1, 1), (3, 2)):
+        out = tmp_path / f"out{shards}"
+        cfg = PreprocessConfig(work_dir=str(tmp_path / "work"), output_dir=str(out),
+                               tokenizer=TokenizerSpec(type="gpt2", path=fetch("gpt2-tokenizer")),
+                               tokenize=TokenizeConfig(shards=shards, workers=workers))
+        tokenize(cfg, None)
+        outs[shards] = merge(cfg, None)
+    assert outs[1] == {**outs[3], "blend": outs[1]["blend"]}
+    sizes = [json.loads((tmp_path / f"out3/shards/valid_text_document.{k:05d}-of-00003.json").read_text())["documents"]
+             for k in range(3)]
+    assert sizes == [1, 0, 1]                                            # the empty shard case
+    for split in ("train", "valid", "test"):
+        for ext in (".bin", ".idx"):
+            one, three = (tmp_path / f"out{n}" / f"{split}_text_document{ext}" for n in (1, 3))
+            assert one.read_bytes() == three.read_bytes(), (split, ext)
+    assert len(IndexedDataset(str(tmp_path / "out3" / "train_text_document"))) == 4
+    merged = tmp_path / "out3" / "train_text_document.bin"
+    merged.write_bytes(merged.read_bytes()[:-2])                          # a damaged output is rebuilt
+    merge(cfg, None)
+    assert merged.read_bytes() == (tmp_path / "out1" / "train_text_document.bin").read_bytes()
 
 
 def test_gpt2_ids_equal_transformers_gpt2_tokenizer():
@@ -67,7 +125,9 @@ def test_gpt2_ids_equal_transformers_gpt2_tokenizer():
 
 
 def test_large_vocab_uses_int32():
-    assert DType.optimal_dtype(128256) == np.int32 and DType.optimal_dtype(50257) == np.uint16
+    for vocab in (50257, 65499, 65500, 128256):
+        assert optimal_dtype(vocab) == DType.optimal_dtype(vocab)
+    assert optimal_dtype(128256) == np.int32 and optimal_dtype(50257) == np.uint16
 
 
 @pytest.mark.slow
@@ -80,7 +140,7 @@ def test_make_tokenize_and_make_dedup_interfaces(tmp_path):
                          text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     removed = [json.loads(x) for x in (out / "removed.jsonl").read_text().splitlines()]
-    assert removed == [{"id": "copy", "duplicate_of": "d0", "method": "exact", "jaccard": 1.0}]
+    assert removed == [{"id": "copy", "duplicate_of": "d0", "method": "exact", "jaccard": 1.0, "containment": 1.0}]
     assert [json.loads(x)["id"] for x in (out / "kept.jsonl").read_text().splitlines()] == [f"d{i}" for i in range(5)]
     prefix = tmp_path / "tok" / "docs"
     res = subprocess.run(["make", "-s", "tokenize", f"INPUT={out / 'kept.jsonl'}",

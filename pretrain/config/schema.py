@@ -181,7 +181,7 @@ class DataConfig:
                                      factory=TokenizerConfig)
     cache_dir: Optional[str] = doc(None, "Where GPTDataset index caches live; null means <blend dir>/cache.")
     preprocess: str = doc("demo", "Preprocessing pipeline config that produces the blend "
-                                  "(preprocessing/conf/<name>.yaml).")
+                                  "(preprocessing/conf/<name>.yaml, or a YAML file).")
     mix_phases: list[MixPhase] = doc(None, "Data-mix schedule: train-source weights per phase, replacing the blend's "
                                      "train weights; empty keeps them fixed.", factory=list)
 

@@ -1,0 +1,170 @@
+"""Resumability that checks its outputs (preprocessing/markers.py): a finished step is skipped only
+while every output it recorded stands; a deleted, truncated or damaged output is rebuilt, to the same
+bytes, and the reason is printed. An unchanged rerun writes nothing and prints the recorded summary."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from preprocessing.config import InputConfig, PreprocessConfig, TokenizerSpec
+from preprocessing.fetch import fetch
+from preprocessing.markers import Marker
+from preprocessing.stages import normalize_stage, split_stage, tokenizer_stage
+from tests.conftest import REPO
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wise owls watch from an old oak tree near the "
+         "river bank and count the stars").split()
+
+
+def corpus(path: Path, n: int = 400) -> Path:
+    """n documents of varied text (some exact copies, so every output of normalize has lines)."""
+    with open(path, "w") as f:
+        for i in range(n):
+            words = [WORDS[(i * 7 + k * (i % 5 + 1)) % len(WORDS)] for k in range(30 + i % 40)]
+            text = " ".join(words) if i % 50 != 49 else "copy of the first document " * 10
+            f.write(json.dumps({"id": f"doc{i:04d}", "text": text}) + "\n")
+    return path
+
+
+def files(root: Path) -> dict:
+    """Every file under root (markers too): name -> (mtime_ns, bytes)."""
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def damage(path: Path, how: str) -> None:
+    if how == "delete":
+        path.unlink()
+    elif how == "truncate":
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+    else:                                     # same size, one byte changed in place, mtime put back
+        st = path.stat()
+        data = bytearray(path.read_bytes())
+        data[20] ^= 0x01
+        path.write_bytes(bytes(data))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+WHY = {"delete": "is missing", "truncate": "were written", "in place": "changed since it was written"}
+
+
+def test_normalize_redoes_a_deleted_truncated_or_damaged_output_and_skips_an_intact_one(tmp_path, capsys):
+    work = tmp_path / "work"
+    cfg = PreprocessConfig(output_dir=str(tmp_path / "out"), work_dir=str(work),
+                           input=InputConfig(paths=[str(corpus(tmp_path / "in.jsonl"))]))
+    normalize_stage(cfg, work)
+    first = files(work)
+    assert {"normalized.jsonl", "normalize_removed.jsonl", ".done-normalize.json"} <= set(first)
+    assert (work / "normalize_removed.jsonl").stat().st_size > 0
+    capsys.readouterr()
+
+    normalize_stage(cfg, work)                                 # unchanged: nothing written, summary printed
+    err = capsys.readouterr().err
+    assert files(work) == first
+    assert "normalize: finished earlier and its 2 recorded output(s) stand" in err
+    assert "exact duplicates │     7" in err                  # the recorded summary's table
+
+    for how, name in (("delete", "normalized.jsonl"), ("truncate", "normalize_removed.jsonl"),
+                      ("in place", "normalized.jsonl")):
+        damage(work / name, how)
+        normalize_stage(cfg, work)
+        err = capsys.readouterr().err
+        assert f">> redoing normalize: {work / name} " in err and WHY[how] in err, (how, err)
+        again = files(work)
+        assert {k: v[1] for k, v in again.items() if k != ".done-normalize.json"} == \
+            {k: v[1] for k, v in first.items() if k != ".done-normalize.json"}, how     # the same bytes back
+
+    marker = work / ".done-normalize.json"                     # a marker that records no outputs is not trusted
+    data = json.loads(marker.read_text())
+    marker.write_text(json.dumps({k: v for k, v in data.items() if k != "outputs"}))
+    normalize_stage(cfg, work)
+    assert "records no outputs to check" in capsys.readouterr().err
+    assert "outputs" in json.loads(marker.read_text())
+
+
+def test_make_tokenize_rebuilds_a_deleted_bin_and_a_truncated_idx(tmp_path, capsys):
+    """The issue's case: deleting out.bin/out.idx and running the same `make tokenize` again rebuilt
+    nothing (the marker was trusted without its outputs). Runs in-process through the CLI's main, and
+    once through `make tokenize` itself."""
+    from preprocessing.tokenize_indexed import main
+    docs, tokenizer, out = corpus(tmp_path / "docs.jsonl", 300), fetch("gpt2-tokenizer"), tmp_path / "tok"
+    argv = ["--input", str(docs), "--tokenizer", tokenizer, "--output", str(out / "docs")]
+    assert main(argv) == 0
+    first = files(out)
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(summary)["documents"] == 300
+
+    assert main(argv) == 0                                     # unchanged: the summary, nothing written
+    cap = capsys.readouterr()
+    assert files(out) == first and cap.out.strip().splitlines()[-1] == summary and "finished earlier" in cap.err
+
+    (out / "docs.bin").unlink()
+    (out / "docs.idx").unlink()
+    res = subprocess.run(["make", "-s", "tokenize", f"INPUT={docs}", f"TOKENIZER={tokenizer}",
+                          f"OUTPUT={out / 'docs'}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert ">> redoing docs: " in res.stderr
+    assert f"{out / 'docs.bin'} is missing" in res.stderr and f"{out / 'docs.idx'} is missing" in res.stderr
+    assert res.stdout.strip().splitlines()[-1] == summary
+    assert {k: v[1] for k, v in files(out).items() if k.startswith("docs.")} == \
+        {k: v[1] for k, v in first.items() if k.startswith("docs.")}
+
+    damage(out / "docs.idx", "truncate")
+    assert main(argv) == 0
+    assert f"{out / 'docs.idx'} has " in capsys.readouterr().err
+    assert (out / "docs.idx").read_bytes() == first["docs.idx"][1]
+
+
+def test_split_and_tokenizer_training_rebuild_what_was_damaged(tmp_path, capsys):
+    """A stage whose output is a directory (the trained tokenizer) records every file in it."""
+    work = tmp_path / "work"
+    src = corpus(tmp_path / "filtered.jsonl", 300)
+    cfg = PreprocessConfig(output_dir=str(tmp_path / "out"), work_dir=str(work),
+                           tokenizer=TokenizerSpec(path=str(tmp_path / "out" / "tokenizer"), train=True,
+                                                   vocab_size=300, min_frequency=2))
+    splits = split_stage(cfg, src, work)
+    tokenizer_stage(cfg, splits["train"])
+    first_work, first_out = files(work), files(tmp_path / "out")
+    assert "tokenizer/tokenizer.json" in first_out and "tokenizer/merges.txt" in first_out
+    capsys.readouterr()
+    splits = split_stage(cfg, src, work)
+    tokenizer_stage(cfg, splits["train"])
+    err = capsys.readouterr().err
+    assert files(work) == first_work and files(tmp_path / "out") == first_out
+    assert "split: finished earlier and its 3 recorded output(s)" in err and "valid" in err
+    assert "tokenizer: finished earlier and its 4 recorded output(s)" in err     # every file of the directory
+
+    damage(work / "split" / "valid.jsonl", "delete")
+    damage(tmp_path / "out" / "tokenizer" / "merges.txt", "in place")
+    splits = split_stage(cfg, src, work)
+    tokenizer_stage(cfg, splits["train"])
+    err = capsys.readouterr().err
+    assert f"redoing split: {work / 'split' / 'valid.jsonl'} is missing" in err
+    # the split was rewritten (new mtime of train.jsonl): the tokenizer is retrained on it either way
+    assert "redoing tokenizer: its settings or inputs changed" in err
+    assert {k: v[1] for k, v in files(tmp_path / "out").items() if not k.startswith(".done")} == \
+        {k: v[1] for k, v in first_out.items() if not k.startswith(".done")}
+    capsys.readouterr()
+    damage(tmp_path / "out" / "tokenizer" / "merges.txt", "in place")
+    tokenizer_stage(cfg, splits["train"])
+    err = capsys.readouterr().err
+    assert f"redoing tokenizer: {tmp_path / 'out' / 'tokenizer' / 'merges.txt'} changed since it was written" in err
+    assert (tmp_path / "out" / "tokenizer" / "merges.txt").read_bytes() == first_out["tokenizer/merges.txt"][1]
+
+
+def test_a_marker_never_records_other_markers_or_a_missing_output(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("a")
+    (tmp_path / "d" / ".done-other.json").write_text("{}")
+    marker = Marker(tmp_path / "d", "self", "fp")
+    marker.mark({"n": 1}, outputs=[tmp_path / "d"])
+    assert list(json.loads(marker.path.read_text())["outputs"]) == ["a.txt"]
+    assert marker.done() == {"n": 1}
+    assert Marker(tmp_path / "d", "self", "changed").done() is None
+    with pytest.raises(FileNotFoundError):
+        marker.mark({}, outputs=[tmp_path / "nothing-here"])
+    Marker(tmp_path, "none", "fp").mark({"n": 1})              # recorded nothing: never trusted
+    assert Marker(tmp_path, "none", "fp").done() is None
