@@ -7,6 +7,10 @@ and submitted with sbatch (plus `cluster.chain_jobs` afterany followers); job id
 the TensorBoard command are printed. Every rank reads the resolved `<run_dir>/config.yaml`
 written here, so all ranks train exactly the validated config. DRY_RUN=1 prints the resolved
 config and the script and changes nothing.
+
+When `data.blend` is missing, its preprocessing config (`data.preprocess`) runs first: here for a
+local launch, and for a SLURM launch as the preprocessing job chain (launch/preprocess.py), never
+on the login node; the training job then waits for its last job (--dependency=afterok).
 """
 from __future__ import annotations
 
@@ -18,19 +22,46 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List, Optional
 
 from common.cli import env_flag, split_overrides
+from launch.preprocess import dry_run as preprocess_scripts
+from launch.preprocess import dry_run_local, submit_pipeline
 from preprocessing.cli import load_config
 from preprocessing.pipeline import run_pipeline
 from pretrain.config import ConfigError, config_diff, load_recipe, to_yaml
 
 
-def ensure_data(job) -> None:
-    """Fetch and preprocess the recipe's data when its blend file is missing."""
+def missing_blend_config(job):
+    """The preprocessing config that writes the recipe's missing blend; None when there is nothing to do."""
     if job.data.mock or not job.data.blend or Path(job.data.blend).exists():
-        return
-    print(f">> {job.data.blend} is missing: running preprocessing/conf/{job.data.preprocess}.yaml", flush=True)
-    run_pipeline(load_config(job.data.preprocess))
+        return None
+    cfg = load_config(job.data.preprocess)
+    writes = Path(cfg.output_dir) / "blend.json"
+    if writes.resolve() != Path(job.data.blend).resolve():
+        # the pipeline would run (for hours) and training would still not find its data
+        raise ConfigError([f"data.blend={job.data.blend} is missing, and data.preprocess={job.data.preprocess} "
+                           f"writes {writes} instead. Fix: data.blend={writes}, or point the preprocessing "
+                           "config's output_dir at the blend's directory."], source="make pretrain")
+    return cfg
+
+
+def ensure_data(job, local: bool = True) -> List[str]:
+    """Fetch and preprocess the recipe's data when its blend file is missing: in this process for a local
+    launch; for SLURM, submitted as the preprocessing job chain (a login node runs no pipeline). The
+    submitted job ids (the training job waits for the last one), else []."""
+    cfg = missing_blend_config(job)
+    if cfg is None:
+        return []
+    if local:
+        print(f">> {job.data.blend} is missing: running preprocessing config {job.data.preprocess} here", flush=True)
+        run_pipeline(cfg)
+        return []
+    print(f">> {job.data.blend} is missing: submitting preprocessing config {job.data.preprocess} as SLURM jobs; "
+          "the training job waits for the last one (afterok)", flush=True)
+    ids = submit_pipeline(cfg)
+    print(f"PREPROCESS_JOB_IDS={','.join(ids)}", flush=True)
+    return ids
 
 
 def prepare_run_dir(job, run_dir: Path) -> None:
@@ -77,14 +108,16 @@ def launch_local(job, run_dir: Path) -> int:
     return code
 
 
-def launch_slurm(job, run_dir: Path) -> int:
+def launch_slurm(job, run_dir: Path, after: Optional[str] = None) -> int:
+    """sbatch the training job; `after`: the preprocessing job it waits for (afterok)."""
     from launch.slurm import render, submit
     script = run_dir / "launch.sbatch"
     script.write_text(render(job, run_dir))
     (run_dir / "logs").mkdir(exist_ok=True)
-    ids = submit(script, job.cluster.chain_jobs)
+    ids = submit(script, job.cluster.chain_jobs, after)
     logs = run_dir.resolve() / "logs"
-    print(f">> submitted job {ids[0]}" + (f" (+ afterany chain {', '.join(ids[1:])})" if ids[1:] else "")
+    print(f">> submitted job {ids[0]}" + (f" (starts when preprocessing job {after} succeeds)" if after else "")
+          + (f" (+ afterany chain {', '.join(ids[1:])})" if ids[1:] else "")
           + f" from {script}\n>> run directory: {run_dir}\n>> log: {logs}/slurm-{ids[0]}.out (one file per job id)\n"
           f">> status: squeue -j {','.join(ids)}   cancel: scancel {' '.join(ids)}\n"
           f">> TensorBoard: {sys.executable} -m tensorboard.main --logdir {run_dir.resolve() / 'tensorboard'}",
@@ -124,19 +157,43 @@ def main() -> int:
         print(err, file=sys.stderr)
         return 2
     if dry_run:
-        from launch.slurm import render
-        print(f"# resolved config of {recipe} (would be {run_dir / 'config.yaml'})\n{to_yaml(job)}")
-        print(f"# {run_dir / ('launch.sh' if local else 'launch.sbatch')}\n"
-              + (local_script(job, run_dir) if local else render(job, run_dir)))
-        return 0
-    ensure_data(job)
+        return print_dry_run(job, recipe, run_dir, local)
+    try:
+        preprocessing = ensure_data(job, local)
+    except (ConfigError, FileNotFoundError, RuntimeError) as err:
+        print(err, file=sys.stderr)
+        return 2
     prepare_run_dir(job, run_dir)
     (run_dir / "config.yaml").write_text(to_yaml(job))
     try:
-        return launch_local(job, run_dir) if local else launch_slurm(job, run_dir)
+        if local:
+            return launch_local(job, run_dir)
+        return launch_slurm(job, run_dir, after=preprocessing[-1] if preprocessing else None)
     except (FileNotFoundError, RuntimeError) as err:
         print(err, file=sys.stderr)
+        if preprocessing:
+            print(f"the preprocessing jobs {' '.join(preprocessing)} stay submitted (they only write data): "
+                  f"cancel them with scancel {' '.join(preprocessing)}", file=sys.stderr)
         return 2
+
+
+def print_dry_run(job, recipe: str, run_dir: Path, local: bool) -> int:
+    """DRY_RUN=1: the resolved config, what preprocessing would run first (a missing blend) and the launch
+    script; nothing is written or submitted."""
+    from launch.slurm import render
+    print(f"# resolved config of {recipe} (would be {run_dir / 'config.yaml'})\n{to_yaml(job)}")
+    try:
+        cfg = missing_blend_config(job)
+        plan = None if cfg is None else dry_run_local(cfg) if local else preprocess_scripts(cfg)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    if plan is not None:
+        print(f"# {job.data.blend} is missing: preprocessing config {job.data.preprocess} runs first\n{plan}")
+    after = " --dependency=afterok:<last preprocessing job> --kill-on-invalid-dep=yes" if cfg and not local else ""
+    print(f"# {run_dir / 'launch.sh'}\n{local_script(job, run_dir)}" if local else
+          f"# {run_dir / 'launch.sbatch'} (sbatch{after} launch.sbatch)\n{render(job, run_dir)}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,9 +11,13 @@ preprocessing config. LAUNCHER=local (default) runs every stage in this process
 as a job chained with afterok, a sharded stage as a job array:
 
     prepare (fetch, normalise, exact dedup)          one job
-    signatures  (MinHash, dedup.shards tasks)        job array, afterok: prepare
-    cluster (LSH, filters, splits, tokenizer)        one job,   afterok: the signature array
-    tokenize (tokenize.shards tasks)                 job array, afterok: cluster
+    signatures (MinHash, band hashes; dedup.shards)  job array, afterok: prepare
+    buckets (LSH buckets -> pairs; dedup.bucket_tasks) job array, afterok: the signatures array
+    verify (true similarity of pairs; dedup.shards)  job array, afterok: the buckets array
+    clusters (components over the verified edges)    one job,   afterok: the verify array
+    write (kept/removed parts; dedup.shards)         job array, afterok: clusters
+    filter (quality filters, splits, tokenizer)      one job,   afterok: the write array
+    tokenize (tokenize.shards tasks)                 job array, afterok: filter
     merge (one .bin/.idx per split, blend.json)      one job,   afterok: the tokenize array
 
 Everything goes under `<work_dir>/slurm/`: the resolved config every job reads
@@ -68,7 +72,9 @@ def check(cfg) -> None:
         raise ConfigError(found, source=f"preprocessing config {cfg.name!r}")
 
 
-def submit_pipeline(cfg) -> int:
+def submit_pipeline(cfg) -> List[str]:
+    """sbatch every stage of the config, chained with afterok; the job ids in stage order (the last one
+    writes blend.json: `make pretrain` makes its training job wait for it)."""
     check(cfg)
     root = slurm_dir(cfg)
     (root / "logs").mkdir(parents=True, exist_ok=True)
@@ -85,8 +91,7 @@ def submit_pipeline(cfg) -> int:
               + f"  log {root / 'logs' / (stage + ('-' + job + '_<task>' if shards else '-' + job))}.out")
     print(f">> config: {config}\n>> output: {cfg.output_dir} (blend.json when the last job finishes)\n"
           f">> status: squeue -j {','.join(ids.values())}   cancel: scancel {' '.join(ids.values())}", flush=True)
-    print(f"JOB_IDS={','.join(ids.values())}\nJOB_ID={list(ids.values())[-1]}", flush=True)
-    return 0
+    return list(ids.values())
 
 
 def dry_run(cfg) -> str:
@@ -134,10 +139,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if launcher == "slurm":
         try:
-            return submit_pipeline(cfg)
+            ids = submit_pipeline(cfg)
         except RuntimeError as err:          # sbatch refused a job: its message says why
             print(f"error: {err}", file=sys.stderr)
             return 2
+        print(f"JOB_IDS={','.join(ids)}" + (f"\nJOB_ID={ids[-1]}" if ids else ""), flush=True)
+        return 0
     print(json.dumps(run_pipeline(cfg)))
     return 0
 

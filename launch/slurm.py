@@ -77,9 +77,10 @@ def sbatch(script: Path, dependency: str | None = None) -> str:
     return res.stdout.strip().split(";")[0]
 
 
-def submit(script: Path, chain_jobs: int = 0) -> List[str]:
-    """sbatch the script (plus `chain_jobs` afterany followers); job ids in order."""
+def submit(script: Path, chain_jobs: int = 0, after: str | None = None) -> List[str]:
+    """sbatch the script (plus `chain_jobs` afterany followers); job ids in order. `after`: a job the
+    first one waits for with afterok (the last preprocessing job when `make pretrain` submitted them)."""
     ids: List[str] = []
     for _ in range(1 + chain_jobs):
-        ids.append(sbatch(script, f"afterany:{ids[-1]}" if ids else None))
+        ids.append(sbatch(script, f"afterany:{ids[-1]}" if ids else f"afterok:{after}" if after else None))
     return ids
