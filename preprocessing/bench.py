@@ -1,66 +1,63 @@
-"""`make bench-preprocess`: our tokenization path vs the raw tokenizer, side by side.
+"""`make bench-preprocess`: the data path's benchmarks, side by side in one run.
 
-Baseline: `tokenizer.encode_batch` on the same texts already in memory (the tokenizer's
-own speed). Ours: read JSONL -> encode -> append EOD -> write .bin/.idx. The ratio
-ours/baseline (goal >= 0.8) and MinHash dedup docs/s go to docs/bench-preprocess.md.
+* tokenization (preprocessing/bench_tokenize.py): JSONL -> .bin/.idx against tokenizers'
+  `encode_batch_fast` on the same texts in memory, >= 50 MB; start-up of the CLI;
+* dedup at scale (preprocessing/dedup/bench.py): a generated planted corpus of 200,000
+  documents through every step, each in its own process (peak RSS, docs/s per core), against
+  the previous single-process cluster step, and the extrapolation to 1 B documents;
+* dedup quality (preprocessing/dedup/planted.py): recall per planted edit level and precision,
+  ours against the previous defaults, written into docs/dedup.md between its markers.
+
+    python -m preprocessing.bench [--tokenize-mb 50] [--dedup-docs 200000] [--only tokenize,scale,quality]
 """
 from __future__ import annotations
 
-import json
+import argparse
 import platform
-import shutil
+import re
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import List
 
-from .config import DedupConfig, InputConfig, TokenizeConfig
-from .dedup import run_dedup
-from .fetch import fetch
-from .tokenize_indexed import tokenize_to_indexed
-from .tokenizer_io import load_tokenizer
+REPO = Path(__file__).resolve().parent.parent
+PARTS = ("tokenize", "scale", "quality")
 
 
-def best_of(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def replace_block(path: Path, marker: str, lines: List[str]) -> None:
+    """Replace the text between `<!-- marker -->` and `<!-- /marker -->` in a docs page."""
+    text = path.read_text()
+    block = f"<!-- {marker} -->\n" + "\n".join(lines) + f"\n<!-- /{marker} -->"
+    new, n = re.subn(rf"<!-- {marker} -->.*?<!-- /{marker} -->", lambda _: block, text, flags=re.S)
+    if n != 1:
+        raise RuntimeError(f"{path}: expected one <!-- {marker} --> ... <!-- /{marker} --> block, found {n}")
+    path.write_text(new)
 
 
-def main() -> int:
-    corpus = Path(fetch("shakespeare"))
-    tok_dir = Path(fetch("gpt2-tokenizer"))
-    texts = [json.loads(line)["text"] for line in open(corpus, encoding="utf-8")]
-    tok = load_tokenizer("gpt2", tok_dir)
-    n_tokens = sum(len(x) for x in tok.encode_batch(texts))
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        inp = InputConfig(paths=[str(corpus)])
-
-        def ours():
-            out = Path(tmp) / "tok"
-            shutil.rmtree(out, ignore_errors=True)
-            tokenize_to_indexed(inp, tok, out / "bench", TokenizeConfig(batch_size=256))
-
-        base_s = best_of(lambda: tok.encode_batch(texts))
-        ours_s = best_of(ours)
-        rows.append(("tokenize (GPT-2 BPE)", f"{n_tokens / base_s:,.0f} tok/s", f"{n_tokens / ours_s:,.0f} tok/s",
-                     f"{base_s / ours_s:.2f}"))
-        dedup_s = best_of(lambda: (shutil.rmtree(Path(tmp) / "dd", ignore_errors=True),
-                                   run_dedup(inp, DedupConfig(workers=2, shards=2), Path(tmp) / "dd")), repeats=1)
-        rows.append(("MinHash dedup (128 perm, 5-grams, 2 workers)", "", f"{len(texts) / dedup_s:,.0f} docs/s", ""))
-    lines = ["# Preprocessing benchmark", "",
-             f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}; "
-             f"corpus: demo Shakespeare, {len(texts):,} documents, {n_tokens:,} GPT-2 tokens. Best of 3.", "",
-             "| stage | raw tokenizer `encode_batch` (in memory) | ours (JSONL -> .bin/.idx) | ratio ours/raw |",
-             "| --- | --- | --- | --- |"] + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    out = Path("docs/bench-preprocess.md")
-    out.parent.mkdir(exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+def main(argv: List[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m preprocessing.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenize-mb", type=float, default=50, help="MB of text for the tokenization benchmark")
+    parser.add_argument("--dedup-docs", type=int, default=200_000, help="documents of the dedup scale benchmark")
+    parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    args = parser.parse_args(argv)
+    parts = [p for p in args.only.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"--only {unknown}: choose from {', '.join(PARTS)}")
+    page = REPO / "docs" / "bench-preprocess.md"
+    machine = (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {__import__('os').cpu_count()} cores, "
+               f"Python {platform.python_version()}, by `make bench-preprocess`.")
+    if "tokenize" in parts:
+        from .bench_tokenize import bench_tokenize
+        replace_block(page, "tokenize", [machine, ""] + bench_tokenize(mb=args.tokenize_mb))
+    if "scale" in parts:
+        from .dedup.bench import bench_dedup
+        replace_block(page, "dedup-scale", [machine, ""] + bench_dedup(n_docs=args.dedup_docs))
+    if "quality" in parts:
+        from .dedup.planted import quality_table
+        replace_block(REPO / "docs" / "dedup.md", "quality-table", quality_table())
+    print(page.read_text())
     return 0
 
 
