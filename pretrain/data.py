@@ -9,6 +9,7 @@ Index caches go to `data.cache_dir` so a job start does not rebuild them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -32,10 +33,24 @@ class DatasetTokenizer:
     vocab_size: int
     eod: int
     pad: int = -1
+    data: str = ""                          # data_version() of the indexed files the datasets read
 
     @property
     def unique_identifiers(self) -> dict:   # part of the dataset cache key
-        return {"class": "DatasetTokenizer", "vocab_size": self.vocab_size, "eod": self.eod}
+        return {"class": "DatasetTokenizer", "vocab_size": self.vocab_size, "eod": self.eod, "data": self.data}
+
+
+def data_version(prefixes: List[str]) -> str:
+    """Size and mtime of every .bin/.idx the blend names. megatron-core keys its index caches by path,
+    split, seed and length only: after the data is preprocessed again into the same prefixes, a cache
+    built for the old files would index the new ones out of range (or, worse, silently wrongly).
+    With this in the key, new files get new caches."""
+    h = hashlib.sha256()
+    for prefix in sorted(set(prefixes)):
+        for ext in ("bin", "idx"):
+            st = Path(f"{prefix}.{ext}").stat()
+            h.update(f"{prefix}.{ext}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
 
 
 def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_samples: int,
@@ -52,7 +67,8 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
         if info.get("vocab_size", 0) > cfg.model.vocab_size:
             raise ValueError(f"{blend_path}: tokenizer vocab {info['vocab_size']} exceeds model.vocab_size="
                              f"{cfg.model.vocab_size}. Fix: raise model.vocab_size or use the recipe's data option.")
-        tok = DatasetTokenizer(info.get("vocab_size", cfg.model.vocab_size), int(info.get("eod", 0)))
+        tok = DatasetTokenizer(info.get("vocab_size", cfg.model.vocab_size), int(info.get("eod", 0)),
+                               data=data_version([p for split in blend_per_split if split for p in split[0]]))
         cache = cfg.data.cache_dir or str(blend_path.parent / "cache")
 
     def build(blends, sizes):

@@ -57,7 +57,8 @@ def test_eval_data_and_make_eval_offline(layout_runs, single_rank_megatron, bigb
                           "they are more likely to fear.\nThe above reasoning is",
                           "choices": ["correct", "incorrect"], "gold": 0}
     heldout = [json.loads(line)["text"] for line in (tasks / "heldout_demo_bpe4k.jsonl").read_text().splitlines()]
-    assert len(heldout) == 93            # the documents of data/demo/bpe4k's test split
+    test_split = (REPO / "data/demo/work/split/test.jsonl").read_text().splitlines()
+    assert len(heldout) == len(test_split) == 92       # every document of data/demo/bpe4k's test split
 
     layout_runs("tp2")
     run = layout_runs.root / "tp2"

@@ -153,3 +153,38 @@ def test_make_tokenize_and_make_dedup_interfaces(tmp_path):
     subprocess.run(["make", "-s", "tokenize", f"INPUT={out / 'kept.jsonl'}", f"TOKENIZER={fetch('gpt2-tokenizer')}",
                     f"OUTPUT={prefix}"], cwd=REPO, capture_output=True, text=True, check=True)
     assert (tmp_path / "tok" / "docs.bin").stat().st_mtime_ns == mtime       # finished output is not redone
+
+
+def test_data_preprocessed_again_into_the_same_prefixes_gets_new_dataset_caches(tmp_path):
+    """megatron-core keys its index caches by path, split, seed and length: without the files' version in
+    the key, a cache built for the old .bin/.idx indexes the new ones (out of range: an IndexError at the
+    first step, or silently the wrong tokens). Re-tokenized data must give samples of the new tokens."""
+    from preprocessing.blend import write_blend
+    from preprocessing.tokenizer_io import train_bpe
+    from pretrain.config import load_recipe
+    from pretrain.data import build_datasets
+    words = [f"w{i}" for i in range(200)]
+    tok = train_bpe([" ".join(words)] * 4, 400, 1, tmp_path / "tok")
+    blend = write_blend(tmp_path / "out" / "blend.json", {s: [(1.0, f"{s}_text_document")]
+                                                         for s in ("train", "valid", "test")},
+                        tokenizer={"vocab_size": tok.vocab_size, "eod": tok.eod})
+    job = load_recipe("gpt-tiny", [f"data.blend={blend}", "model.seq_length=16"])
+
+    def preprocess(docs):
+        (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        for split in ("train", "valid", "test"):
+            for ext in ("bin", "idx", "json"):           # a rerun of the pipeline writes new files
+                (tmp_path / "out" / f"{split}_text_document.{ext}").unlink(missing_ok=True)
+            tokenize_to_indexed(InputConfig(paths=[str(tmp_path / "docs.jsonl")]), tok,
+                                tmp_path / "out" / f"{split}_text_document", TokenizeConfig(workers=1))
+        return set(np.fromfile(tmp_path / "out" / "train_text_document.bin", dtype=np.uint16).tolist())
+
+    preprocess([" ".join(words)] * 40)                            # many long documents
+    build_datasets(job, 8, 8, 8)
+    preprocess([" ".join(words[:30])] * 6)                        # fewer, shorter ones, other tokens
+    again = build_datasets(job, 8, 8, 8)[0]
+    fresh = build_datasets(load_recipe("gpt-tiny", [f"data.blend={blend}", "model.seq_length=16",
+                                                    f"data.cache_dir={tmp_path / 'fresh'}"]), 8, 8, 8)[0]
+    assert len(again) == len(fresh)
+    for i in range(len(fresh)):
+        assert again[i]["tokens"].tolist() == fresh[i]["tokens"].tolist(), i
