@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -85,7 +86,11 @@ def train_here(job) -> int:
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     if code == REQUEUE_EXIT and env.global_rank == 0 and restarts < job.cluster.max_restarts:
         print(f">> checkpoint saved: requeueing {env.job_id} (restart {restarts + 1})", flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)     # the requeue TERMs this job: live on to set the begin
         subprocess.run(["scontrol", "requeue", env.job_id], check=True)
+        # As launch.sbatch: SLURM 22.05 kills a requeued job that starts within the second its old credential
+        # was revoked ("Job credential revoked"); begin the restart 2 s later.
+        subprocess.run(["scontrol", "update", f"JobId={env.job_id}", "StartTime=now+2"], check=False)
     return code
 
 
