@@ -30,6 +30,7 @@ from launch.preprocess import dry_run_local, submit_pipeline
 from preprocessing.cli import load_config
 from preprocessing.pipeline import run_pipeline
 from pretrain.config import ConfigError, config_diff, load_recipe, to_yaml
+from pretrain.lifetime import RunDirBusy, check_free
 
 
 def missing_blend_config(job):
@@ -162,6 +163,13 @@ def main() -> int:
         preprocessing = ensure_data(job, local)
     except (ConfigError, FileNotFoundError, RuntimeError) as err:
         print(err, file=sys.stderr)
+        return 2
+    try:
+        # A live trainer's directory is neither moved away (another config) nor given a new config.yaml.
+        # The lock itself is the trainer's (pretrain/lifetime.py): SLURM jobs never pass through here.
+        check_free(run_dir)
+    except RunDirBusy as busy:
+        print(f"REFUSED: {busy}", file=sys.stderr)
         return 2
     prepare_run_dir(job, run_dir)
     (run_dir / "config.yaml").write_text(to_yaml(job))

@@ -18,6 +18,7 @@ from .banner import run_banner
 from .config import ConfigError, JobConfig, finalize, to_yaml
 from .config.compose import from_yaml
 from .engines import create_engine
+from .lifetime import RunDirBusy, die_with_launcher, lock_run_dir
 from .loop import RunStopped, Trainer
 from .preemption import REQUEUE_EXIT, RunPreempted
 from .provenance import record as record_provenance
@@ -25,9 +26,26 @@ from .provenance import record as record_provenance
 
 def run(job: JobConfig, keep_process_group: bool = False) -> int:
     """Train `job` in this process (one rank of torchrun/srun, or a single process).
-    keep_process_group: leave torch.distributed up for another job in the same processes."""
+    keep_process_group: leave torch.distributed up for another job in the same processes.
+    Exit 4: another live trainer holds the run directory (pretrain/lifetime.py)."""
+    die_with_launcher()                  # torchrun's workers are in their own sessions: go when it goes
     engine = create_engine(job)
     run_dir = Path(job.run_dir)
+    try:
+        lock = lock_run_dir(run_dir)     # before anything is written there
+    except RunDirBusy as busy:
+        if dist.get_rank() == 0:
+            print(f"REFUSED: {busy}", file=sys.stderr, flush=True)
+        engine.close() if keep_process_group else engine.shutdown()
+        return 4
+    try:
+        return _train(job, engine, run_dir)
+    finally:
+        engine.close() if keep_process_group else engine.shutdown()
+        lock.release()
+
+
+def _train(job: JobConfig, engine, run_dir: Path) -> int:
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(job))
@@ -44,8 +62,6 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
     except RunPreempted as preempted:
         print(f"PREEMPTED: {preempted}", file=sys.stderr, flush=True)
         return REQUEUE_EXIT
-    finally:
-        engine.close() if keep_process_group else engine.shutdown()
     return 0
 
 

@@ -85,8 +85,23 @@ def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(
     assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def workers_of(run_dir) -> list:
+    """Pids of the live workers of `run_dir` (their command line names it; torchrun's too, left out)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        try:
+            args = open(f"/proc/{entry.name}/cmdline", "rb").read().decode(errors="replace").split("\0")
+        except (OSError, ValueError):
+            continue
+        if "pretrain.train" in args and f"run_dir={run_dir}" in args and "torch.distributed.run" not in args:
+            pids.append(int(entry.name))
+    return pids
+
+
 @pytest.mark.slow
 def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp_path, layout_runs):
+    # A real crash: SIGKILL of the launcher's process group (a lost node, `scancel -s KILL`) reaches torchrun
+    # only; its workers sit in their own sessions and must go with it (pretrain/lifetime.py), not train on.
     # The uninterrupted run: DP=2 with the distributed optimizer (tests.training.LAYOUTS["dp2-distopt"]).
     uninterrupted = [r["loss"] for r in layout_runs("dp2-distopt")]
     run_dir = tmp_path / "killed"
@@ -101,10 +116,23 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp_
         if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
             break
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)                   # the whole process group, mid-step or mid-save
+    workers, running = workers_of(run_dir), proc.poll() is None
+    os.killpg(proc.pid, signal.SIGKILL)                   # torchrun's group, mid-step or mid-save
     proc.wait()
+    assert len(workers) == 2 and running, (workers, proc.returncode)
+    gone = time.monotonic() + 5
+    while workers_of(run_dir) and time.monotonic() < gone:
+        time.sleep(0.05)
+    assert workers_of(run_dir) == [], f"workers outlived their launcher: {workers_of(run_dir)}"
+    written = metrics.read_text()
+    time.sleep(1)
+    assert metrics.read_text() == written and not (run_dir / "final.json").exists()
     res = run_training(run_dir, overrides)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "ended without releasing .lock (killed or crashed)" in res.stdout
+    steps = [r["step"] for r in records_of(run_dir)]     # one writer: 1..k, then the resume's c+1..20 (c <= k)
+    cut = next((i for i in range(1, len(steps)) if steps[i] != steps[i - 1] + 1), len(steps))
+    assert steps[:cut] == list(range(1, cut + 1)) and steps[cut:] == list(range(21 - len(steps) + cut, 21)), steps
     last = {r["step"]: r["loss"] for r in records_of(run_dir)}     # the resumed run's value where steps repeat
     assert [last[s] for s in range(1, 21)] == uninterrupted, kill_after
 

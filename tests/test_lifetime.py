@@ -1,0 +1,77 @@
+"""One trainer per run directory (pretrain/lifetime.py): the lock the trainer takes, the check
+`make pretrain` makes. The launcher-death drill is in tests/test_stability.py (kill -9 test)."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from pretrain.lifetime import RunDirBusy, RunDirLock, lock_run_dir
+from tests.conftest import REPO
+
+HOLD = ("import sys, time; from pretrain.lifetime import RunDirLock; RunDirLock(sys.argv[1]).acquire(); "
+        "print('held', flush=True); time.sleep(120)")
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Another process (as another trainer would) holding tmp_path/run; killed -9 by the test or at the end."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, SLURM_JOB_ID="4242"))
+    assert proc.stdout.readline() == "held\n"
+    yield run_dir, proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_second_trainer_on_a_live_run_directory_is_refused_naming_the_holder(holder, monkeypatch, capsys):
+    run_dir, proc = holder
+    with pytest.raises(RunDirBusy) as busy:
+        lock_run_dir(run_dir)                        # what pretrain.train.run does before writing anything
+    msg = str(busy.value)
+    assert f"host {socket.gethostname()}, pid {proc.pid}, SLURM job 4242" in msg and "scancel 4242" in msg, msg
+    assert "another run_dir=" in msg
+
+    # `make pretrain` with another config on the live directory: refused before it moves the run away
+    import launch.__main__ as launcher
+    (run_dir / "config.yaml").write_text("live: run\n")
+    monkeypatch.setenv("RECIPE", "gpt-tiny")
+    monkeypatch.setenv("OVERRIDES", f"run_dir={run_dir} data.mock=true schedule.train_iters=3")
+    monkeypatch.setattr(launcher, "launch_local", lambda *a: pytest.fail("launched on a live run directory"))
+    assert launcher.main() == 2
+    assert "REFUSED:" in capsys.readouterr().err and (run_dir / "config.yaml").read_text() == "live: run\n"
+
+    proc.send_signal(signal.SIGKILL)                 # the holder dies without releasing: the next one starts
+    proc.wait()
+    lock = lock_run_dir(run_dir)
+    out = capsys.readouterr().out
+    assert f"pid {proc.pid}" in out and "ended without releasing" in out, out
+    lock.release()
+    assert json.loads((run_dir / ".lock").read_text())["released"]
+    lock_run_dir(run_dir).release()                  # a clean end leaves nothing to report
+    assert capsys.readouterr().out == ""
+
+
+def test_a_requeued_slurm_job_takes_over_its_own_earlier_lock(tmp_path, monkeypatch):
+    # On NFS a lost node's lock can outlive it; the same job id with a higher restart count is the requeue
+    # of that job, whose earlier incarnation SLURM has ended.
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    stale = RunDirLock(run_dir)
+    stale.acquire()                                  # flock conflicts between descriptors, also in one process
+    with pytest.raises(RunDirBusy):
+        RunDirLock(run_dir).acquire()                # the same incarnation is not a requeue
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    lock = RunDirLock(run_dir)
+    assert "took over" in lock.acquire()
+    assert json.loads((run_dir / ".lock").read_text())["slurm_restart_count"] == 1
+    monkeypatch.setenv("SLURM_JOB_ID", "78")
+    with pytest.raises(RunDirBusy, match="SLURM job 77"):
+        RunDirLock(run_dir).acquire()
+    lock.release()
+    stale.release()
