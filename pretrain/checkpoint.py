@@ -11,8 +11,9 @@ Every rank writes its shards into step_N.tmp; after a barrier rank 0 records the
 and checksums in meta.json and renames step_N.tmp -> step_N: a crash at any point leaves only
 complete step_N directories. Resume scans them newest first (no pointer file that could
 disagree with the directories); rank 0 checks sizes
-and checksums (`checkpoint.checksums`), a damaged newest checkpoint is reported and skipped for
-the one before it, and every rank loads the one rank 0 chose. The loop's own
+and checksums (`checkpoint.checksums`), a damaged newest checkpoint is skipped for the one before
+it, and every rank loads the one rank 0 chose. That choice travels as a `Decision` (what was used,
+what was skipped and why) so the loop can announce it from whichever rank prints. The loop's own
 state (step, consumed samples, data-mix counters) lives in meta.json, readable without torch.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -41,6 +42,26 @@ class Checkpoint:
     @property
     def engine_dir(self) -> Path:
         return self.path / ENGINE_DIR
+
+
+@dataclass
+class Decision:
+    """Which checkpoint a resume uses (None: none intact) and the newer ones passed over, newest
+    first, with the reason: rank 0 decides, every rank gets the same object (broadcast)."""
+    found: Optional[Checkpoint]
+    skipped: List[Tuple[str, str]]      # (step directory, why)
+
+    def announce(self) -> List[str]:
+        return [f"WARNING: skipped checkpoint {path}: {why}" for path, why in self.skipped]
+
+
+def _agreed(decide: Callable[[], Decision]) -> Decision:
+    """decide() on rank 0 only (one reader of the files; ranks reading them apart could disagree
+    while a save or a damage is under way), its result on every rank."""
+    choice = [decide() if _rank() == 0 else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(choice, src=0)
+    return choice[0]
 
 
 def _rank() -> int:
@@ -123,30 +144,33 @@ class CheckpointStore:
                 and (p / "meta.json").exists()]
         return sorted(dirs, key=lambda p: p.name, reverse=True)
 
-    def agreed_resumable(self) -> Optional[Checkpoint]:
-        """find_resumable on rank 0 (one reader of the files), the same answer on every rank."""
-        choice = [self.find_resumable() if _rank() == 0 else None]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.broadcast_object_list(choice, src=0)
-        return choice[0]
+    def agreed_resumable(self) -> Decision:
+        """scan() on rank 0, the same Decision on every rank; the caller announces it."""
+        return _agreed(self.scan)
 
-    def find_resumable(self) -> Optional[Checkpoint]:
-        """The newest intact checkpoint, saying what was skipped on the way. The rename of
-        step_N.tmp is the commit point, so a complete step_N newer than `latest` (a crash
-        between the rename and the pointer update) is as good as the one `latest` names."""
-        candidates = self.complete()
-        for path in candidates:
+    def scan(self) -> Decision:
+        """The newest intact checkpoint and the newer ones skipped on the way. The rename of
+        step_N.tmp is the commit point, so every complete step_N is a candidate (no pointer file)."""
+        skipped = []
+        for path in self.complete():
             try:
                 meta = read_meta(path)
             except (ValueError, json.JSONDecodeError) as err:
-                self.log(f"WARNING: skipping checkpoint {path}: unreadable meta.json ({err})")
+                skipped.append((str(path), f"unreadable meta.json ({err})"))
                 continue
             problem = damage(path, meta, self.checksums)
             if problem:
-                self.log(f"WARNING: skipping damaged checkpoint {path}: {problem}. Falling back to an older one.")
+                skipped.append((str(path), problem))
                 continue
-            return Checkpoint(path, meta)
-        return None
+            return Decision(Checkpoint(path, meta), skipped)
+        return Decision(None, skipped)
+
+    def find_resumable(self) -> Optional[Checkpoint]:
+        """scan() in this process alone (tools, one reader), saying what was skipped through `log`."""
+        decision = self.scan()
+        for line in decision.announce():
+            self.log(line)
+        return decision.found
 
     # ---- saving: every rank calls begin, writes into the returned directory, then commit ------
     def begin(self, step: int) -> Path:
@@ -184,6 +208,28 @@ class CheckpointStore:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _decide_load(path: Path, checksums: bool) -> Decision:
+    if (path / "meta.json").exists():
+        return Decision(Checkpoint(path, read_meta(path)), [])
+    return CheckpointStore(path, checksums=checksums).scan()
+
+
+def agreed_load(path: Path | str, checksums: bool = True) -> Decision:
+    """resolve() for a run's ranks (checkpoint.load): rank 0 decides, every rank gets the Decision and
+    raises alike when nothing is intact (an error on rank 0 alone would leave the others waiting)."""
+    path = Path(path)
+    decision = _agreed(lambda: _decide_load(path, checksums))
+    if decision.found is None:
+        raise FileNotFoundError(_nothing_intact(path, decision))
+    return decision
+
+
+def _nothing_intact(path: Path, decision: Decision) -> str:
+    skipped = "".join(f"\n  skipped {p}: {why}" for p, why in decision.skipped)
+    return (f"no intact checkpoint under {path} (looked for step_*/meta.json){skipped}\n"
+            "Fix: point checkpoint.load at a checkpoint directory written by a run.")
+
+
 def resolve(path: Path | str) -> Checkpoint:
     """A checkpoint named by its root (newest intact one) or by a step directory."""
     path = Path(path)
@@ -191,6 +237,5 @@ def resolve(path: Path | str) -> Checkpoint:
         return Checkpoint(path, read_meta(path))
     found = CheckpointStore(path).find_resumable()
     if found is None:
-        raise FileNotFoundError(f"no intact checkpoint under {path} (looked for `latest` and step_*/meta.json). "
-                                "Fix: point checkpoint.load at a checkpoint directory written by a run.")
+        raise FileNotFoundError(_nothing_intact(path, Decision(None, [])))
     return found

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.profiler as tp
 
-from .checkpoint import CheckpointStore, resolve
+from .checkpoint import CheckpointStore, Decision, agreed_load
 from .config import to_yaml
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
@@ -91,11 +91,21 @@ class Trainer:
     def resume(self) -> None:
         """Continue from checkpoint.dir's newest intact checkpoint, else start from checkpoint.load."""
         c = self.cfg.checkpoint
-        found, weights_only = self.store.agreed_resumable(), False
-        if found is None and c.load:
-            found, weights_only = resolve(c.load), c.load_weights_only
+        decision, weights_only = self.store.agreed_resumable(), False
+        if decision.found is None and c.load:
+            try:
+                load = agreed_load(c.load)           # verified as resolve() does: sha256 where meta has it
+            except FileNotFoundError:
+                self._announce("checkpoint_skipped", decision, 0)      # what the run's own directory held
+                raise
+            decision, weights_only = Decision(load.found, decision.skipped + load.skipped), c.load_weights_only
+        found = decision.found
         if found is None:
+            if decision.skipped:                 # every checkpoint damaged: a fresh start must not go unnoticed
+                self._announce("checkpoint_skipped", decision, 0, action="start from step 0")
             return
+        # announced before the load: if loading fails, the log already says which checkpoint it was
+        self._announce("resume", decision, 0 if weights_only else found.meta["loop"]["step"], weights_only=weights_only)
         self.engine.load_checkpoint(found.engine_dir, found.meta, weights_only)
         if weights_only:
             self.log(f">> initialised weights from {found.path} (step {found.meta['step']}); optimizer, step and data "
@@ -109,13 +119,29 @@ class Trainer:
         self.log(f">> resumed from {found.path}: step {self.state.step}, "
                  f"{self.state.consumed_samples} samples consumed")
 
+    def _announce(self, kind: str, decision: Decision, step: int, **fields) -> None:
+        """One event per resume decision (kind `checkpoint_skipped` when it passed over any): console
+        line from the printing rank, events.jsonl, TensorBoard. Rank 0 decided and every rank holds
+        its Decision, so the printing rank (the last one) tells what rank 0 saw."""
+        for line in decision.announce():
+            self.log(line)
+        kind = "checkpoint_skipped" if decision.skipped else kind
+        found = decision.found
+        self.metrics.event({"kind": kind, "step": step, "checkpoint": str(found.path) if found else None,
+                            "checkpoint_step": found.meta.get("step") if found else None,
+                            "skipped": [{"checkpoint": p, "why": why} for p, why in decision.skipped], **fields})
+
     def rollback(self) -> None:
         """Back to the newest intact checkpoint with a lower LR, past (or replaying) the data since."""
         st, c = self.state, self.cfg.stability
         self.engine.finalize_saves(blocking=True)        # a save in flight may be the one to return to
-        found = self.store.agreed_resumable()
+        decision = self.store.agreed_resumable()
+        found, skipped = decision.found, [{"checkpoint": p, "why": why} for p, why in decision.skipped]
+        for line in decision.announce():
+            self.log(line)
         if found is None:
-            self.metrics.event({"kind": "rollback_impossible", "step": st.step, "why": "no checkpoint yet"})
+            self.metrics.event({"kind": "rollback_impossible", "step": st.step, "skipped": skipped,
+                                "why": "no intact checkpoint" if skipped else "no checkpoint yet"})
             return
         if st.rollbacks >= c.max_rollbacks:
             self.metrics.event({"kind": "stopped", "step": st.step, "rollbacks": st.rollbacks})
@@ -139,7 +165,8 @@ class Trainer:
         for key, value in asdict(restored).items():
             setattr(st, key, value)
         self.metrics.event({"kind": "rollback", "step": spike_step, "to_step": st.step, "checkpoint": str(found.path),
-                            "lr_scale": st.lr_scale, "data": c.rollback_data, "consumed_samples": st.consumed_samples})
+                            "lr_scale": st.lr_scale, "data": c.rollback_data, "consumed_samples": st.consumed_samples,
+                            "skipped": skipped})
 
     def _inject_faults(self, micro: list, step: int, rank: int) -> None:
         """fault.* (tests and fire drills): poison this step's batch in place, once per process (a

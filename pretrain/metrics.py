@@ -92,8 +92,9 @@ class Metrics:
         return record
 
     def event(self, record: dict, rank: Optional[int] = None) -> None:
-        """A stability event: <run_dir>/events.jsonl and TensorBoard from the logging rank; a console
-        line from every rank that reports it (so each rank's view of the decision is visible)."""
+        """An event (stability, resume, preemption): <run_dir>/events.jsonl and TensorBoard from the logging
+        rank; a console line from the logging rank, or from every rank that passes its `rank` (so each
+        rank's view of the decision is visible)."""
         record = dict(record, time=time.time())
         if rank is not None or self.enabled:
             who = f"[rank {rank}] " if rank is not None else ""
@@ -104,6 +105,8 @@ class Metrics:
             self.events.flush()
             if self.writer:
                 self.writer.add_scalar(f"events/{record['kind']}", 1, record["step"])
+                # the scalar marks when; the text keeps what (which checkpoint, why) beside the curves
+                self.writer.add_text(f"events/{record['kind']}", json.dumps(record), record["step"])
                 self.writer.flush()
 
     def _write(self, record: dict) -> None:

@@ -195,6 +195,10 @@ def test_truncated_or_altered_checkpoints_fall_back_to_the_previous(tmp_path):
     assert found.path == store.step_dir(10) and found.meta["loop"] == {"step": 10}
     assert "step_00000025: model_optim_rng/shard.bin does not match its sha256" in said[0]
     assert "step_00000020: model_optim_rng/shard.bin has 40 bytes, 100 written" in said[1]
+    decision = store.agreed_resumable()      # what every rank of a run gets: rank 0's scan, nothing printed
+    assert decision.found.path == store.step_dir(10) and len(said) == 2
+    assert decision.skipped == [(str(store.step_dir(25)), "model_optim_rng/shard.bin does not match its sha256"),
+                                (str(newest), "model_optim_rng/shard.bin has 40 bytes, 100 written")]
 
 
 def test_keep_last_and_keep_every_retention(tmp_path):

@@ -3,9 +3,11 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -43,12 +45,28 @@ SPIKES = ["fault.nan_at_step=5", "fault.rank=1", "fault.poison_at_step=14", "sta
           "stability.spike_ratio=1.1"]     # the poisoned step's loss is ~1.16x the window mean
 
 
+ROLLBACK = SPIKES[2:] + ["stability.spike_policy=rollback", "stability.rollback_after=1", "checkpoint.save_interval=5",
+                        "logging.tensorboard=true"]
+
+
 @shared_runs(nproc=2)
 def spike_runs(root, runs):
-    """skip: a NaN on rank 1 at step 5 and a loss spike at step 14, skipped. rollback: the spike rolls back."""
-    return {"skip": SPIKES + ["stability.spike_policy=skip"],
-            "rollback": SPIKES[2:] + ["stability.spike_policy=rollback", "stability.rollback_after=1",
-                                      "checkpoint.save_interval=5"]}
+    """skip: a NaN on rank 1 at step 5 and a loss spike at step 14, skipped. rollback: the spike rolls back;
+    saves steps 5, 10, 15 and 20."""
+    return {"skip": SPIKES + ["stability.spike_policy=skip"], "rollback": ROLLBACK}
+
+
+@shared_runs(nproc=2, needs=["spike_runs"])
+def fallback_runs(root, runs):
+    """The rollback run's checkpoints, the newest (step 20) truncated from outside, then the same command
+    again in their run directory (a new launch): it must fall back to step 15 and say so."""
+    run_dir = root / "restarted"
+    shutil.copytree(runs["spike_runs"].root / "rollback" / "checkpoints", run_dir / "checkpoints")
+    shard = max((p for p in (run_dir / "checkpoints" / "step_00000020").rglob("*") if p.is_file()),
+                key=lambda p: p.stat().st_size)
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    return {"restarted": ROLLBACK}
 
 
 @pytest.mark.slow
@@ -83,6 +101,27 @@ def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(
     assert report.returncode == 0, report.stderr
     assert "rollback_events      1" in report.stdout and "spike_events         1" in report.stdout
     assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_a_truncated_newest_checkpoint_is_skipped_announced_and_the_previous_continues_exactly(spike_runs,
+                                                                                                  fallback_runs):
+    # Rank 0 decides and broadcasts the decision; the last rank prints: the warning must reach its log.
+    run_dir, ckpts = fallback_runs.root / "restarted", fallback_runs.root / "restarted" / "checkpoints"
+    newest, used = ckpts / "step_00000020", ckpts / "step_00000015"
+    printed = Path(f"{run_dir}.rank1.log").read_text()
+    assert f"WARNING: skipped checkpoint {newest}: model_optim_rng/" in printed and " bytes, " in printed
+    assert "EVENT checkpoint_skipped at step 15: " in printed and f">> resumed from {used}: step 15" in printed
+    [event] = events_of(run_dir)
+    assert event["kind"] == "checkpoint_skipped" and event["checkpoint"] == str(used)
+    [(skipped, why)] = [(s["checkpoint"], s["why"]) for s in event["skipped"]]
+    assert skipped == str(newest) and why.startswith("model_optim_rng/") and "written" in why
+    [tb] = (run_dir / "tensorboard").glob("events.out.tfevents.*")
+    assert b"events/checkpoint_skipped" in tb.read_bytes() and str(newest).encode() in tb.read_bytes()
+    uninterrupted = records_of(spike_runs.root / "rollback")[-5:]           # its steps 16..20
+    continued = records_of(run_dir)
+    assert [r["step"] for r in continued] == [r["step"] for r in uninterrupted] == [16, 17, 18, 19, 20]
+    assert [r["loss"] for r in continued] == [r["loss"] for r in uninterrupted]
 
 
 def workers_of(run_dir) -> list:
@@ -261,3 +300,6 @@ def test_a_signal_saves_the_step_and_exits_for_requeue_then_the_run_resumes_exac
     assert [json.loads(x)["kind"] for x in events] == ["preempted"]
     trainer("cut", ["fault.preempt_at_step=3"]).train()                        # the requeued job: same command
     assert losses("cut") == losses("full") and sorted(losses("cut")) == [1, 2, 3, 4, 5, 6]
+    resume = json.loads((tmp_path / "cut" / "events.jsonl").read_text().splitlines()[-1])     # the decision, recorded
+    assert (resume["kind"], resume["step"], resume["skipped"]) == ("resume", 3, [])
+    assert resume["checkpoint"] == str(tmp_path / "cut" / "checkpoints" / "step_00000003")
