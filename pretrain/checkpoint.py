@@ -7,18 +7,21 @@
         model_optim_rng/     the engine's own files (megatron-core dist_checkpointing, DeepSpeed)
       step_00000200.tmp/     being written: never read, cleared by the next save of that step
 
-Every rank writes its shards into step_N.tmp; after a barrier rank 0 records the file sizes
-and checksums in meta.json and renames step_N.tmp -> step_N: a crash at any point leaves only
+Every rank writes its shards into step_N.tmp; after a barrier the ranks hash what they wrote
+(pretrain/integrity.py: sizes, xxh3 by default, sha256 with `checkpoint.checksums`), rank 0
+records it all in meta.json and renames step_N.tmp -> step_N: a crash at any point leaves only
 complete step_N directories. Resume scans them newest first (no pointer file that could
-disagree with the directories); rank 0 checks sizes
-and checksums (`checkpoint.checksums`), a damaged newest checkpoint is skipped for the one before
-it, and every rank loads the one rank 0 chose. That choice travels as a `Decision` (what was used,
-what was skipped and why) so the loop can announce it from whichever rank prints. The loop's own
-state (step, consumed samples, data-mix counters) lives in meta.json, readable without torch.
+disagree with the directories): rank 0 reads each meta.json and checks sizes, every rank verifies
+the digests of its share, and the first checkpoint that passes is the one every rank loads. That
+choice travels as a `Decision` (what was used, what was skipped and why) so the loop can announce
+it from whichever rank prints. The loop's own state (step, consumed samples, data-mix counters)
+and the checkpoint's health (finite weights, the validation loss measured on them) live in
+meta.json, readable without torch; retention never deletes the newest checkpoint known good.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -28,7 +31,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch.distributed as dist
 
-from common.digest import file_digest as sha256
+from .integrity import WriterOf, agreed_digest_problems, gathered_digests, size_problems, sizes_of, summary
 
 FORMAT = "pretrain-checkpoint/1"
 ENGINE_DIR = "model_optim_rng"
@@ -55,13 +58,20 @@ class Decision:
         return [f"WARNING: skipped checkpoint {path}: {why}" for path, why in self.skipped]
 
 
-def _agreed(decide: Callable[[], Decision]) -> Decision:
-    """decide() on rank 0 only (one reader of the files; ranks reading them apart could disagree
-    while a save or a damage is under way), its result on every rank."""
-    choice = [decide() if _rank() == 0 else None]
+def known_good(meta: dict) -> bool:
+    """Saved from finite weights with a finite validation loss measured on them (meta.json `health`)."""
+    health = meta.get("health", {})
+    loss = health.get("valid_loss")
+    return bool(health.get("weights_finite")) and loss is not None and math.isfinite(loss)
+
+
+def _from_rank0(value: Callable[[], object]) -> object:
+    """value() on rank 0 only (one reader of directories and meta.json; ranks reading them apart could
+    disagree while a save or a damage is under way), its result on every rank."""
+    box = [value() if _rank() == 0 else None]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(choice, src=0)
-    return choice[0]
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _rank() -> int:
@@ -90,13 +100,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def manifest(root: Path, checksums: bool) -> tuple[dict, dict]:
-    """({file: size}, {file: sha256}) of every file under root (checksums empty when off)."""
-    files = [p for p in sorted(root.rglob("*")) if p.is_file()]
-    sizes = {str(p.relative_to(root)): p.stat().st_size for p in files}
-    return sizes, ({str(p.relative_to(root)): sha256(p) for p in files} if checksums else {})
-
-
 def read_meta(step_dir: Path) -> dict:
     meta_path = Path(step_dir) / "meta.json"
     if not meta_path.exists():
@@ -109,29 +112,61 @@ def read_meta(step_dir: Path) -> dict:
     return meta
 
 
-def damage(step_dir: Path, meta: dict, checksums: bool = True) -> Optional[str]:
-    """Why this checkpoint cannot be trusted (missing, resized or altered files), or None when intact.
-    checksums=False checks sizes only (no file is read)."""
-    problems = []
-    sums = meta.get("sha256", {}) if checksums else {}
-    for rel, size in meta["files"].items():
-        f = step_dir / rel
-        if not f.exists():
-            problems.append(f"{rel} is missing")
-        elif f.stat().st_size != size:
-            problems.append(f"{rel} has {f.stat().st_size} bytes, {size} written")
-        elif rel in sums and sha256(f) != sums[rel]:
-            problems.append(f"{rel} does not match its sha256")
-    return "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "") or None
+def _meta_or_empty(step_dir: Path) -> dict:
+    try:
+        return json.loads((step_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def damage(step_dir: Path, meta: dict) -> Optional[str]:
+    """Missing or resized files of a checkpoint (None: sizes intact); reads no file."""
+    return summary(size_problems(step_dir, meta))
+
+
+def _candidate(path: Optional[Path]) -> Optional[tuple]:
+    """(path, meta or None, size problem or None) of a step directory; None past the last one."""
+    if path is None:
+        return None
+    try:
+        meta = read_meta(path)
+    except (ValueError, json.JSONDecodeError) as err:
+        return path, None, f"unreadable meta.json ({err})"
+    return path, meta, damage(path, meta)
+
+
+Accept = Callable[[Checkpoint], Optional[str]]     # why a caller cannot use an intact checkpoint, or None
+
+
+def first_intact(paths: List[Path], strong: bool, fast: bool = True, writer_of: Optional[WriterOf] = None,
+                 accept: Optional[Accept] = None) -> Decision:
+    """The first of `paths` (rank 0's list) that passes every check, and those skipped before it.
+    Collective when torch.distributed is up: rank 0 reads each meta.json and checks sizes, every rank
+    verifies the digests of its share (pretrain/integrity.py), every rank returns the same Decision."""
+    remaining = iter(paths) if _rank() == 0 else None
+    skipped: List[Tuple[str, str]] = []
+    while True:
+        item = _from_rank0(lambda: _candidate(next(remaining, None)))
+        if item is None:
+            return Decision(None, skipped)
+        path, meta, problem = item
+        if problem is None and accept is not None:
+            problem = accept(Checkpoint(path, meta))
+        if problem is None and (fast or strong):
+            problem = summary(agreed_digest_problems(path, meta, fast, strong, writer_of))
+        if problem is None:
+            return Decision(Checkpoint(path, meta), skipped)
+        skipped.append((str(path), problem))
 
 
 class CheckpointStore:
     """The step directories under one checkpoint root."""
 
     def __init__(self, root: Path | str, keep_last: int = 0, log: Callable[[str], None] = print,
-                 checksums: bool = True, keep_every: int = 0):
+                 checksums: bool = True, keep_every: int = 0, digests: bool = True,
+                 writer_of: Optional[WriterOf] = None):
         self.root, self.keep_last, self.log, self.checksums = Path(root), keep_last, log, checksums
-        self.keep_every = keep_every
+        self.keep_every, self.digests, self.writer_of = keep_every, digests, writer_of
 
     def step_dir(self, step: int) -> Path:
         return self.root / f"step_{step:08d}"
@@ -144,26 +179,11 @@ class CheckpointStore:
                 and (p / "meta.json").exists()]
         return sorted(dirs, key=lambda p: p.name, reverse=True)
 
-    def agreed_resumable(self) -> Decision:
-        """scan() on rank 0, the same Decision on every rank; the caller announces it."""
-        return _agreed(self.scan)
-
-    def scan(self) -> Decision:
-        """The newest intact checkpoint and the newer ones skipped on the way. The rename of
-        step_N.tmp is the commit point, so every complete step_N is a candidate (no pointer file)."""
-        skipped = []
-        for path in self.complete():
-            try:
-                meta = read_meta(path)
-            except (ValueError, json.JSONDecodeError) as err:
-                skipped.append((str(path), f"unreadable meta.json ({err})"))
-                continue
-            problem = damage(path, meta, self.checksums)
-            if problem:
-                skipped.append((str(path), problem))
-                continue
-            return Decision(Checkpoint(path, meta), skipped)
-        return Decision(None, skipped)
+    def scan(self, accept: Optional[Accept] = None) -> Decision:
+        """The newest checkpoint that passes every check (and `accept`), and the newer ones skipped on
+        the way; collective in a distributed run. The rename of step_N.tmp is the commit point, so every
+        complete step_N is a candidate (no pointer file)."""
+        return first_intact(_from_rank0(self.complete), self.checksums, self.digests, self.writer_of, accept)
 
     def find_resumable(self) -> Optional[Checkpoint]:
         """scan() in this process alone (tools, one reader), saying what was skipped through `log`."""
@@ -185,9 +205,12 @@ class CheckpointStore:
         final = self.step_dir(step)
         tmp = final.with_name(final.name + ".tmp")
         _barrier()                                           # every rank's shards are on disk
+        sizes = _from_rank0(lambda: sizes_of(tmp))
+        sums = {"xxh3": {}, "sha256": {}}
+        if self.digests or self.checksums:
+            sums = gathered_digests(tmp, sizes, self.digests, self.checksums, self.writer_of)
         if _rank() == 0:
-            sizes, sums = manifest(tmp, self.checksums)
-            meta = dict(meta, format=FORMAT, step=step, saved_at=time.time(), files=sizes, sha256=sums)
+            meta = dict(meta, format=FORMAT, step=step, saved_at=time.time(), files=sizes, **sums)
             _write_atomic(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
             if final.exists():                               # re-saving a step (e.g. after a rollback)
                 stale = final.with_name(final.name + f".stale-{int(time.time())}")
@@ -200,25 +223,26 @@ class CheckpointStore:
         return final
 
     def _retain(self) -> None:
+        """Beyond the newest keep_last: keep milestones (keep_every) and the newest checkpoint known good
+        (finite validation, `known_good`): a run whose newest saves went bad still has one to return to."""
         if self.keep_last <= 0:
             return
-        for old in self.complete()[self.keep_last:]:
+        complete = self.complete()
+        good = next((p for p in complete if known_good(_meta_or_empty(p))), None)
+        for old in complete[self.keep_last:]:
             if self.keep_every > 0 and int(old.name.split("_")[1]) % self.keep_every == 0:
                 continue                                     # a milestone kept for good
+            if old == good:
+                continue
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _decide_load(path: Path, checksums: bool) -> Decision:
-    if (path / "meta.json").exists():
-        return Decision(Checkpoint(path, read_meta(path)), [])
-    return CheckpointStore(path, checksums=checksums).scan()
-
-
-def agreed_load(path: Path | str, checksums: bool = True) -> Decision:
-    """resolve() for a run's ranks (checkpoint.load): rank 0 decides, every rank gets the Decision and
-    raises alike when nothing is intact (an error on rank 0 alone would leave the others waiting)."""
+def agreed_load(path: Path | str, checksums: bool = True, digests: bool = True) -> Decision:
+    """resolve() for a run's ranks (checkpoint.load): every rank gets the Decision and raises alike when
+    nothing is intact (an error on rank 0 alone would leave the others waiting)."""
     path = Path(path)
-    decision = _agreed(lambda: _decide_load(path, checksums))
+    paths = [path] if (path / "meta.json").exists() else _from_rank0(CheckpointStore(path).complete)
+    decision = first_intact(paths, checksums, digests)
     if decision.found is None:
         raise FileNotFoundError(_nothing_intact(path, decision))
     return decision

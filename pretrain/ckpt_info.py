@@ -23,7 +23,7 @@ def describe(ckpt_path: str, recipe: str | None, overrides: list[str]) -> str:
     lay = e["layout"]
     loop = m["loop"]
     size = sum(m["files"].values())
-    problem = damage(ck.path, m, checksums=False)      # sizes only: a login node must not read TBs
+    problem = damage(ck.path, m)      # sizes only: a login node must not read TBs
     if "zero_stage" in e:
         sharding = f"ZeRO-{e['zero_stage']}"
     elif lay["distributed_optimizer"]:

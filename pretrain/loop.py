@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import signal
 import time
@@ -32,6 +33,7 @@ from .engines.base import Engine
 from .metrics import Metrics
 from .preemption import REQUEUE_EXIT, PreemptionFlag, RunPreempted
 from .provenance import versions
+from .recovery import Recovery
 from .schedules import lr_at
 from .stability import SpikeGuard
 from .watchdog import Watchdog, inject_hang
@@ -49,7 +51,8 @@ class LoopState:
 
 
 class RunStopped(RuntimeError):
-    """The stability policy gave up (too many rollbacks); the message is the report."""
+    """The stability policy gave up (too many rollbacks, or nothing known good to return to); the message
+    is the report."""
 
 
 class Trainer:
@@ -77,8 +80,10 @@ class Trainer:
         self.history: List[dict] = []
         c = cfg.checkpoint
         self.store = CheckpointStore(c.dir or self.run_dir / "checkpoints", c.keep_last, log=self.log,
-                                     checksums=c.checksums, keep_every=c.keep_every)
+                                     checksums=c.checksums, keep_every=c.keep_every, digests=c.digests,
+                                     writer_of=engine.checkpoint_writer)
         self.saved_step = -1
+        self.recovery = Recovery()
         self.guard = SpikeGuard(cfg)
         self.faults_fired: set = set()
         self.preemption = PreemptionFlag(self.run_dir / "preempt.flag")
@@ -91,10 +96,10 @@ class Trainer:
     def resume(self) -> None:
         """Continue from checkpoint.dir's newest intact checkpoint, else start from checkpoint.load."""
         c = self.cfg.checkpoint
-        decision, weights_only = self.store.agreed_resumable(), False
+        decision, weights_only = self.store.scan(), False
         if decision.found is None and c.load:
             try:
-                load = agreed_load(c.load)           # verified as resolve() does: sha256 where meta has it
+                load = agreed_load(c.load, c.checksums, c.digests)
             except FileNotFoundError:
                 self._announce("checkpoint_skipped", decision, 0)      # what the run's own directory held
                 raise
@@ -107,6 +112,7 @@ class Trainer:
         # announced before the load: if loading fails, the log already says which checkpoint it was
         self._announce("resume", decision, 0 if weights_only else found.meta["loop"]["step"], weights_only=weights_only)
         self.engine.load_checkpoint(found.engine_dir, found.meta, weights_only)
+        self.recovery.loaded(found, "resume")
         if weights_only:
             self.log(f">> initialised weights from {found.path} (step {found.meta['step']}); optimizer, step and data "
                      "start fresh")
@@ -131,14 +137,26 @@ class Trainer:
                             "checkpoint_step": found.meta.get("step") if found else None,
                             "skipped": [{"checkpoint": p, "why": why} for p, why in decision.skipped], **fields})
 
-    def rollback(self) -> None:
-        """Back to the newest intact checkpoint with a lower LR, past (or replaying) the data since."""
+    def rollback(self, why: str = "spike") -> None:
+        """Back to a checkpoint with a lower LR, past (or replaying) the data since. After a spike: the
+        newest intact checkpoint. After non-finite steps, validation or weights (`why` says which): the
+        newest one known good that has not already led back here (`Recovery`); none stops the run."""
         st, c = self.state, self.cfg.stability
         self.engine.finalize_saves(blocking=True)        # a save in flight may be the one to return to
-        decision = self.store.agreed_resumable()
+        nonfinite = why != "spike"
+        every, interval = self.cfg.eval.eval_interval, self.cfg.checkpoint.save_interval
+        validated = self.valid is not None and self.cfg.eval.eval_iters > 0 and every > 0 and interval % every == 0
+        accept = self.recovery.acceptor(self.saved_step, validated) if nonfinite else None
+        decision = self.store.scan(accept)
         found, skipped = decision.found, [{"checkpoint": p, "why": why} for p, why in decision.skipped]
         for line in decision.announce():
             self.log(line)
+        if found is None and nonfinite:
+            self.metrics.event({"kind": "stopped", "step": st.step, "why": why, "skipped": skipped})
+            listed = "".join(f"\n  {s['checkpoint']}: {s['why']}" for s in skipped) or " (none saved yet)"
+            raise RunStopped(f"stopping at step {st.step}: {why.replace('_', ' ')} and no checkpoint known good to "
+                             f"return to{listed}\nNo checkpoint was written from non-finite weights. Events: "
+                             f"{self.run_dir / 'events.jsonl'}; `make report RUN={self.run_dir}` summarises the run.")
         if found is None:
             self.metrics.event({"kind": "rollback_impossible", "step": st.step, "skipped": skipped,
                                 "why": "no intact checkpoint" if skipped else "no checkpoint yet"})
@@ -164,9 +182,11 @@ class Trainer:
         restored.skipped_steps = self.metrics.skipped_total
         for key, value in asdict(restored).items():
             setattr(st, key, value)
+        self.saved_step = st.step
+        self.recovery.loaded(found, "nonfinite" if nonfinite else "spike")
         self.metrics.event({"kind": "rollback", "step": spike_step, "to_step": st.step, "checkpoint": str(found.path),
                             "lr_scale": st.lr_scale, "data": c.rollback_data, "consumed_samples": st.consumed_samples,
-                            "skipped": skipped})
+                            "why": why, "skipped": skipped})
 
     def _inject_faults(self, micro: list, step: int, rank: int) -> None:
         """fault.* (tests and fire drills): poison this step's batch in place, once per process (a
@@ -182,16 +202,24 @@ class Trainer:
         if step == f.preempt_at_step and rank == f.rank:
             print(f"FAULT INJECTED: rank {rank} sends itself SIGUSR1 during step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGUSR1)
+        if step == f.nan_weights_at_step and rank == f.rank:
+            print(f"FAULT INJECTED: rank {rank}'s first parameter is NaN before step {step}", flush=True)
+            with torch.no_grad():
+                self.engine.local_parameters()[0].fill_(float("nan"))
         if step == f.poison_at_step:
             gen = torch.Generator().manual_seed(step)
             for mb in micro:
                 mb["labels"] = torch.randint(0, self.cfg.model.vocab_size, mb["labels"].shape, generator=gen)
 
-    def save(self) -> None:
-        """Checkpoint the current step. The commit (meta.json, rename) runs once every
-        rank's shards are on disk: right away, or later from finalize_saves (checkpoint.async_save)."""
+    def save(self, valid_loss: Optional[float] = None) -> bool:
+        """Checkpoint the current step, unless a weight is non-finite on any rank (False). The commit
+        (meta.json, rename) runs once every rank's shards are on disk: right away, or later from
+        finalize_saves (checkpoint.async_save). `valid_loss`: measured on these weights, if it was."""
         self.engine.finalize_saves(blocking=True)        # one save in flight at a time
         started, st = time.perf_counter(), self.state
+        if not self.engine.weights_finite():
+            self.metrics.event({"kind": "save_refused", "step": st.step, "why": "non-finite weights"})
+            return False
         st.data = self.train_batches.state()
         st.guard = self.guard.state()
         st.skipped_steps = self.metrics.skipped_total
@@ -199,7 +227,7 @@ class Trainer:
         directory = self.store.begin(step)
         meta = {"loop": asdict(st), "consumed_tokens": st.consumed_samples * self.cfg.model.seq_length,
                 "engine_state": self.engine.checkpoint_meta(), "recipe": self.cfg.name, "config": to_yaml(self.cfg),
-                "versions": versions()}
+                "versions": versions(), "health": {"weights_finite": True, "valid_loss": valid_loss}}
 
         def commit() -> None:
             path = self.store.commit(step, meta)
@@ -208,6 +236,26 @@ class Trainer:
         self.engine.save_checkpoint(directory, on_done=commit)
         self.saved_step = step
         self.metrics.reset_window()          # throughput excludes the (blocking part of the) save
+        return True
+
+    def _validate_and_save(self, final: bool) -> bool:
+        """This step's validation (eval.eval_interval; always at the end) and then its save
+        (checkpoint.save_interval; save_final), so a checkpoint records the loss measured on its own
+        weights. Non-finite validation or weights roll back instead (False)."""
+        cfg, st = self.cfg, self.state
+        every, interval = cfg.eval.eval_interval, cfg.checkpoint.save_interval
+        valid = None
+        if final or (every and st.step % every == 0):
+            valid = self.evaluate("valid")
+            if valid is not None and not math.isfinite(valid):
+                self.metrics.event({"kind": "nonfinite_validation", "step": st.step, "loss": valid})
+                self.rollback("nonfinite_validation")
+                return False
+        due = (interval > 0 and st.step % interval == 0) or (final and cfg.checkpoint.save_final)
+        if due and self.saved_step != st.step and not self.save(valid):
+            self.rollback("nonfinite_weights")
+            return False
+        return True
 
     def lr(self, state: LoopState, global_batch: int) -> float:
         """LR of the step about to be taken (position = steps or tokens after it)."""
@@ -245,11 +293,11 @@ class Trainer:
             self.resume()
             watchdog.kick()                  # loading a large checkpoint is progress, not a hang
             self._steps(watchdog, rank)
-            if cfg.checkpoint.save_final and self.saved_step != self.state.step:
-                self.save()
+            while not self._validate_and_save(final=True):     # rolled back: train up to the end again
+                watchdog.kick()
+                self._steps(watchdog, rank)
             self.engine.finalize_saves(blocking=True)
             watchdog.kick()
-            self.evaluate("valid")
             if cfg.eval.final_test:
                 self.evaluate("test")
         finally:
@@ -262,7 +310,7 @@ class Trainer:
         return self.history
 
     def _steps(self, watchdog, rank: int) -> None:
-        cfg, st, interval = self.cfg, self.state, self.cfg.checkpoint.save_interval
+        cfg, st = self.cfg, self.state
         with self._profiler() as prof:
             while st.step < cfg.derived.train_iters:
                 if st.step + 1 == cfg.fault.hang_at_step and rank == cfg.fault.rank:
@@ -280,22 +328,22 @@ class Trainer:
                 record = self.metrics.step(st.step, result, lr, global_batch, st.consumed_samples,
                                            self.train_batches.current_weights())
                 st.step += 1
+                self.recovery.stepped(result)
                 watchdog.kick()
                 if record:
                     self.history.append(record)
                 if prof is not None:
                     prof.step()
                 if self.guard.wants_rollback:
-                    self.rollback()
+                    self.rollback(self.guard.event["kind"])       # "spike" or "nonfinite"
                     watchdog.kick()
                     continue
-                if interval > 0 and st.step % interval == 0:
-                    self.save()
-                    watchdog.kick()
-                every = cfg.eval.eval_interval
-                if every and st.step % every == 0 and st.step < cfg.derived.train_iters:
-                    self.evaluate("valid")
-                    watchdog.kick()
+                if st.step >= cfg.derived.train_iters:
+                    break                    # the last step's validation and save: train()
+                done = self._validate_and_save(final=False)
+                watchdog.kick()
+                if not done:
+                    continue
                 if self.preemption.agreed():
                     self._save_and_leave(watchdog)
 

@@ -5,7 +5,9 @@ update. Both values are results of collectives (loss all-reduce, grad-norm all-r
 each rank sees the same numbers, keeps the same running statistics and takes the same
 branch; a NaN on one rank reaches all of them through those reductions.
 
-* non-finite loss or grad norm: the update is never applied (counted, logged);
+* non-finite loss or grad norm: the update is never applied (counted, logged); `nonfinite_limit`
+  of them in a row (the weights or optimizer state themselves are bad, not one batch) ask the loop
+  to roll back to the newest checkpoint known good (pretrain/loop.py), whatever the spike policy;
 * spike: loss or grad norm more than `spike_zscore` standard deviations above the mean of
   the last `spike_window` accepted steps (or loss above `spike_ratio` x that mean). Policy
   'off' only logs it, 'skip' drops the update (weights and optimizer state untouched),
@@ -27,6 +29,7 @@ class SpikeGuard:
         self.losses: deque = deque(maxlen=self.c.spike_window)
         self.norms: deque = deque(maxlen=self.c.spike_window)
         self.recent_spikes: deque = deque()          # steps of recent spikes (rollback counting)
+        self.nonfinite_run = 0                       # consecutive non-finite steps so far
         self.event: Optional[dict] = None            # what the last approve() decided, if notable
 
     @staticmethod
@@ -50,8 +53,14 @@ class SpikeGuard:
         """True applies the update. Sets `self.event` for anything worth logging."""
         self.event = None
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            self.event = {"kind": "nonfinite", "step": step, "loss": loss, "grad_norm": grad_norm, "action": "skip"}
+            self.nonfinite_run += 1
+            limit = self.c.nonfinite_limit
+            action = "rollback" if limit and self.nonfinite_run >= limit else "skip"
+            if action == "rollback":
+                self.nonfinite_run = 0
+            self.event = {"kind": "nonfinite", "step": step, "loss": loss, "grad_norm": grad_norm, "action": action}
             return False
+        self.nonfinite_run = 0
         why = self._why_spike(loss, grad_norm)
         if why is None:
             self.losses.append(loss)
@@ -75,13 +84,15 @@ class SpikeGuard:
     def state(self) -> dict:
         """The running statistics, kept in checkpoints: a resumed run judges its next steps by the
         same window as the uninterrupted run would have (not by an empty one for spike_window steps)."""
-        return {"losses": list(self.losses), "norms": list(self.norms), "recent_spikes": list(self.recent_spikes)}
+        return {"losses": list(self.losses), "norms": list(self.norms), "recent_spikes": list(self.recent_spikes),
+                "nonfinite_run": self.nonfinite_run}
 
     def load_state(self, state: dict) -> None:
         self.losses.clear(), self.norms.clear(), self.recent_spikes.clear()
         self.losses.extend(state.get("losses", []))
         self.norms.extend(state.get("norms", []))
         self.recent_spikes.extend(state.get("recent_spikes", []))
+        self.nonfinite_run = state.get("nonfinite_run", 0)
 
     @property
     def wants_rollback(self) -> bool:

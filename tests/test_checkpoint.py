@@ -193,12 +193,35 @@ def test_truncated_or_altered_checkpoints_fall_back_to_the_previous(tmp_path):
         f.write(b"y")                                                       # same size, altered
     found = store.find_resumable()
     assert found.path == store.step_dir(10) and found.meta["loop"] == {"step": 10}
-    assert "step_00000025: model_optim_rng/shard.bin does not match its sha256" in said[0]
+    altered = "model_optim_rng/shard.bin does not match its xxh3 digest (bytes changed since the save)"
+    assert f"step_00000025: {altered}" in said[0]
     assert "step_00000020: model_optim_rng/shard.bin has 40 bytes, 100 written" in said[1]
-    decision = store.agreed_resumable()      # what every rank of a run gets: rank 0's scan, nothing printed
+    decision = store.scan()      # what every rank of a run gets (collective in a run), nothing printed
     assert decision.found.path == store.step_dir(10) and len(said) == 2
-    assert decision.skipped == [(str(store.step_dir(25)), "model_optim_rng/shard.bin does not match its sha256"),
+    assert decision.skipped == [(str(store.step_dir(25)), altered),
                                 (str(newest), "model_optim_rng/shard.bin has 40 bytes, 100 written")]
+    sha_only = CheckpointStore(tmp_path, digests=False, checksums=True).scan()      # the strong mode alone
+    assert sha_only.skipped[0] == (str(store.step_dir(25)), "model_optim_rng/shard.bin does not match its sha256")
+    sizes_only = CheckpointStore(tmp_path, digests=False, checksums=False).scan()   # what the default used to be
+    assert sizes_only.found.path == store.step_dir(25)
+    with open(store.step_dir(10) / "model_optim_rng" / "shard.bin", "r+b") as f:
+        f.truncate(0)
+    nothing = store.scan()                                   # every checkpoint damaged: the run starts from step 0
+    assert nothing.found is None and [p for p, _ in nothing.skipped] == [str(store.step_dir(s)) for s in (25, 20, 10)]
+
+
+def test_digests_are_split_by_writer_then_by_size_and_gathered_whole():
+    from pretrain.integrity import shares
+    sizes = {"model_optim_rng/__1_0.distcp": 10, "model_optim_rng/__0_0.distcp": 10, "model_optim_rng/common.pt": 50,
+             "model_optim_rng/.metadata": 5, "model_optim_rng/metadata.json": 1}
+    writer = lambda name: int(name[2]) if name.startswith("__") else None         # noqa: E731
+    assert shares(sizes, 2, writer) == [["model_optim_rng/__0_0.distcp", "model_optim_rng/common.pt"],
+                                        ["model_optim_rng/__1_0.distcp", "model_optim_rng/.metadata",
+                                         "model_optim_rng/metadata.json"]]
+    # resumed on one rank: rank 1's file has no writer here and is spread by size with the rest
+    assert shares(sizes, 1, writer) == [["model_optim_rng/__0_0.distcp", "model_optim_rng/common.pt",
+                                         "model_optim_rng/__1_0.distcp", "model_optim_rng/.metadata",
+                                         "model_optim_rng/metadata.json"]]
 
 
 def test_keep_last_and_keep_every_retention(tmp_path):
@@ -207,6 +230,15 @@ def test_keep_last_and_keep_every_retention(tmp_path):
         fake_save(store, step)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000004", "step_00000005",
                                                           "step_00000006"]
+
+
+def test_retention_keeps_the_newest_checkpoint_known_good(tmp_path):
+    store = CheckpointStore(tmp_path / "a", keep_last=2)
+    for step, loss in ((1, 3.0), (2, 2.5), (3, None), (4, None), (5, None)):
+        directory = store.begin(step)
+        (directory / "shard.bin").write_bytes(b"x")
+        store.commit(step, {"loop": {"step": step}, "health": {"weights_finite": True, "valid_loss": loss}})
+    assert sorted(p.name for p in store.root.iterdir()) == ["step_00000002", "step_00000004", "step_00000005"]
 
 
 @pytest.mark.slow

@@ -53,20 +53,31 @@ ROLLBACK = SPIKES[2:] + ["stability.spike_policy=rollback", "stability.rollback_
 def spike_runs(root, runs):
     """skip: a NaN on rank 1 at step 5 and a loss spike at step 14, skipped. rollback: the spike rolls back;
     saves steps 5, 10, 15 and 20."""
-    return {"skip": SPIKES + ["stability.spike_policy=skip"], "rollback": ROLLBACK}
+    return {"skip": SPIKES + ["stability.spike_policy=skip"], "rollback": ROLLBACK, "nan_weights": NAN_WEIGHTS}
+
+
+NAN_WEIGHTS = ["fault.nan_weights_at_step=14", "fault.rank=1", "checkpoint.save_interval=5", "eval.eval_interval=10"]
 
 
 @shared_runs(nproc=2, needs=["spike_runs"])
 def fallback_runs(root, runs):
-    """The rollback run's checkpoints, the newest (step 20) truncated from outside, then the same command
-    again in their run directory (a new launch): it must fall back to step 15 and say so."""
-    run_dir = root / "restarted"
-    shutil.copytree(runs["spike_runs"].root / "rollback" / "checkpoints", run_dir / "checkpoints")
-    shard = max((p for p in (run_dir / "checkpoints" / "step_00000020").rglob("*") if p.is_file()),
-                key=lambda p: p.stat().st_size)
-    with open(shard, "r+b") as f:
-        f.truncate(shard.stat().st_size // 2)
-    return {"restarted": ROLLBACK}
+    """The rollback run's checkpoints, the newest (step 20) damaged from outside, then the same command
+    again in their run directory (a new launch): it must fall back to step 15 and say so. `restarted`:
+    its largest file truncated; `overwritten`: 4 KiB in the middle of it overwritten in place (same size:
+    only the default digests see it)."""
+    for name in ("restarted", "overwritten"):
+        shutil.copytree(runs["spike_runs"].root / "rollback" / "checkpoints", root / name / "checkpoints")
+        shard = max((p for p in (root / name / "checkpoints" / "step_00000020").rglob("*") if p.is_file()),
+                    key=lambda p: p.stat().st_size)
+        size = shard.stat().st_size
+        with open(shard, "r+b") as f:
+            if name == "restarted":
+                f.truncate(size // 2)
+            else:
+                f.seek(size // 2)
+                f.write(bytes(range(256)) * 16)
+        assert shard.stat().st_size == (size // 2 if name == "restarted" else size)
+    return {"restarted": ROLLBACK, "overwritten": ROLLBACK}
 
 
 @pytest.mark.slow
@@ -104,24 +115,46 @@ def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(
 
 
 @pytest.mark.slow
-def test_a_truncated_newest_checkpoint_is_skipped_announced_and_the_previous_continues_exactly(spike_runs,
-                                                                                                  fallback_runs):
-    # Rank 0 decides and broadcasts the decision; the last rank prints: the warning must reach its log.
-    run_dir, ckpts = fallback_runs.root / "restarted", fallback_runs.root / "restarted" / "checkpoints"
+@pytest.mark.parametrize("damage", ["restarted", "overwritten"])
+def test_a_damaged_newest_checkpoint_is_skipped_announced_and_the_previous_continues_exactly(spike_runs,
+                                                                                            fallback_runs, damage):
+    # Rank 0 lists and checks sizes, both ranks verify digests, the last rank prints: the warning must reach its log.
+    run_dir, ckpts = fallback_runs.root / damage, fallback_runs.root / damage / "checkpoints"
     newest, used = ckpts / "step_00000020", ckpts / "step_00000015"
+    why = " bytes, " if damage == "restarted" else " does not match its xxh3 digest (bytes changed since the save)"
     printed = Path(f"{run_dir}.rank1.log").read_text()
-    assert f"WARNING: skipped checkpoint {newest}: model_optim_rng/" in printed and " bytes, " in printed
+    assert f"WARNING: skipped checkpoint {newest}: model_optim_rng/" in printed and why in printed
     assert "EVENT checkpoint_skipped at step 15: " in printed and f">> resumed from {used}: step 15" in printed
     [event] = events_of(run_dir)
     assert event["kind"] == "checkpoint_skipped" and event["checkpoint"] == str(used)
-    [(skipped, why)] = [(s["checkpoint"], s["why"]) for s in event["skipped"]]
-    assert skipped == str(newest) and why.startswith("model_optim_rng/") and "written" in why
+    [(skipped, reason)] = [(s["checkpoint"], s["why"]) for s in event["skipped"]]
+    assert skipped == str(newest) and reason.startswith("model_optim_rng/") and why in reason
     [tb] = (run_dir / "tensorboard").glob("events.out.tfevents.*")
     assert b"events/checkpoint_skipped" in tb.read_bytes() and str(newest).encode() in tb.read_bytes()
     uninterrupted = records_of(spike_runs.root / "rollback")[-5:]           # its steps 16..20
     continued = records_of(run_dir)
     assert [r["step"] for r in continued] == [r["step"] for r in uninterrupted] == [16, 17, 18, 19, 20]
     assert [r["loss"] for r in continued] == [r["loss"] for r in uninterrupted]
+
+
+@pytest.mark.slow
+def test_nan_weights_on_one_rank_refuse_the_save_on_every_rank_and_roll_back(spike_runs):
+    """Rank 1's weights turn NaN before step 14: steps 14 and 15 are skipped on both ranks, the save due at
+    step 15 is refused by both (the finiteness check is agreed: a save on one rank alone would hang), the run
+    returns to step 10 and finishes on finite losses (exit 0: the fixture)."""
+    run_dir = spike_runs.root / "nan_weights"
+    assert [(e["kind"], e["step"]) for e in events_of(run_dir)] == [("nonfinite", 14), ("nonfinite", 15),
+                                                                    ("save_refused", 15), ("rollback", 15)]
+    rollback = events_of(run_dir)[-1]
+    assert (rollback["to_step"], rollback["why"], rollback["skipped"]) == (10, "nonfinite_weights", [])
+    records = records_of(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 16)) + list(range(11, 21))
+    assert all(math.isnan(r["loss"]) for r in records[13:15]) and all(math.isfinite(r["loss"]) for r in records[15:])
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000010", "step_00000015", "step_00000020"]
+    for step in (15, 20):                                   # written after the rollback, from finite weights
+        assert json.loads((ckpts / f"step_{step:08d}" / "meta.json").read_text())["loop"]["rollbacks"] == 1
+    assert json.loads((ckpts / "step_00000010" / "meta.json").read_text())["health"]["valid_loss"] > 0
 
 
 def workers_of(run_dir) -> list:
@@ -180,7 +213,7 @@ def test_spike_guard_statistics_and_rollback_counting():
 
     from pretrain.stability import SpikeGuard
     cfg = SimpleNamespace(stability=SimpleNamespace(spike_window=4, spike_zscore=3.0, spike_ratio=0.0,
-                                                    spike_policy="rollback", rollback_after=2))
+                                                    spike_policy="rollback", rollback_after=2, nonfinite_limit=2))
     guard = SpikeGuard(cfg)
     for step, loss in enumerate([5.0, 5.1, 4.9, 5.0], start=1):          # fills the window: nothing called
         assert guard.approve(step, loss, 1.0) and guard.event is None
@@ -189,6 +222,12 @@ def test_spike_guard_statistics_and_rollback_counting():
     assert not guard.approve(7, 5.0, 50.0) and guard.wants_rollback               # grad-norm spike, 2nd in window
     assert not guard.approve(8, float("inf"), 1.0) and guard.event["kind"] == "nonfinite"
     assert len(guard.losses) == 4 and list(guard.losses)[-1] == 5.0               # spikes never enter the window
+    assert guard.approve(9, 5.0, 1.0) and not guard.wants_rollback                # a finite step resets the count
+    assert not guard.approve(10, 5.0, float("nan")) and guard.event["action"] == "skip"
+    assert guard.state()["nonfinite_run"] == 1                                    # kept in checkpoints
+    assert not guard.approve(11, float("nan"), 1.0) and guard.wants_rollback      # nonfinite_limit=2 in a row
+    assert guard.event == {"kind": "nonfinite", "step": 11, "loss": guard.event["loss"], "grad_norm": 1.0,
+                           "action": "rollback"} and guard.nonfinite_run == 0
 
 
 def test_z_loss_adds_coeff_times_logsumexp_squared(single_rank_megatron):
@@ -303,3 +342,79 @@ def test_a_signal_saves_the_step_and_exits_for_requeue_then_the_run_resumes_exac
     resume = json.loads((tmp_path / "cut" / "events.jsonl").read_text().splitlines()[-1])     # the decision, recorded
     assert (resume["kind"], resume["step"], resume["skipped"]) == ("resume", 3, [])
     assert resume["checkpoint"] == str(tmp_path / "cut" / "checkpoints" / "step_00000003")
+
+
+def nan_into_weight(step_dir, name="embedding.word_embeddings.weight"):
+    """4 KiB of 0xFF (NaN in fp32 and bf16 alike) over the middle of a model weight's bytes in a
+    megatron-core torch_dist checkpoint, located through its own metadata: same size, other bytes."""
+    from torch.distributed.checkpoint import FileSystemReader
+    engine_dir = step_dir / "model_optim_rng"
+    items = [(index, info) for index, info in FileSystemReader(str(engine_dir)).read_metadata().storage_data.items()
+             if index.fqn.endswith(name) and "optimizer" not in index.fqn]
+    index, info = max(items, key=lambda item: item[1].length)
+    with open(engine_dir / info.relative_path, "r+b") as f:
+        f.seek(info.offset + info.length // 2)
+        f.write(b"\xff" * 4096)
+    return index.fqn
+
+
+NAN_RUN = POLICY[:9] + ["eval.eval_iters=1", "eval.final_test=false", "logging.log_interval=1",
+                        "logging.tensorboard=false", "stability.watchdog_minutes=0", "checkpoint.save_interval=5",
+                        "eval.eval_interval=5"]
+
+
+def in_process(tmp_path, name, overrides):
+    from pretrain.config import load_recipe
+    from pretrain.engines import create_engine
+    from pretrain.loop import Trainer
+    cfg = load_recipe("gpt-tiny", NAN_RUN + overrides + [f"run_dir={tmp_path / name}"])
+    return Trainer(cfg, create_engine(cfg), tmp_path / name)
+
+
+@pytest.mark.slow
+def test_nan_weights_in_the_resumed_checkpoint_roll_back_past_it_to_the_last_known_good(tmp_path,
+                                                                                       single_rank_megatron):
+    """In process, 1 rank, digests off (so the damage loads): NaN bytes written into step 10's embedding
+    make every step after the resume non-finite; after nonfinite_limit=3 the run returns to step 5 (step 10
+    led straight back to NaN), never saves from NaN weights, and ends finite."""
+    trainer = in_process(tmp_path, "run", ["schedule.train_iters=10", "checkpoint.digests=false"])
+    trainer.train()
+    ckpts = tmp_path / "run" / "checkpoints"
+    for step in (5, 10):                                     # validation measured at each save, on its weights
+        health = json.loads((ckpts / f"step_{step:08d}" / "meta.json").read_text())["health"]
+        assert health["weights_finite"] and math.isfinite(health["valid_loss"])
+    nan_into_weight(ckpts / "step_00000010")
+    in_process(tmp_path, "run", ["schedule.train_iters=16", "checkpoint.digests=false"]).train()
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["step"], e.get("action")) for e in events] == [
+        ("resume", 10, None), ("nonfinite", 11, "skip"), ("nonfinite", 12, "skip"), ("nonfinite", 13, "rollback"),
+        ("rollback", 13, None)]
+    rollback = events[-1]
+    assert rollback["to_step"] == 5 and rollback["why"] == "nonfinite" and rollback["lr_scale"] == 0.5
+    assert rollback["skipped"] == [{"checkpoint": str(ckpts / "step_00000010"),
+                                    "why": "training went non-finite again after loading it"}]
+    steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == list(range(1, 14)) + list(range(6, 17))
+    assert all(math.isnan(r["loss"]) for r in steps[10:13]) and all(math.isfinite(r["loss"]) for r in steps[13:])
+    for step in (10, 15, 16):                               # saved again after the rollback, from finite weights
+        meta = json.loads((ckpts / f"step_{step:08d}" / "meta.json").read_text())
+        assert meta["loop"]["rollbacks"] == 1 and meta["health"]["weights_finite"]
+        assert meta["health"]["valid_loss"] is None or math.isfinite(meta["health"]["valid_loss"])
+
+
+@pytest.mark.slow
+def test_nan_weights_before_any_good_checkpoint_stop_the_run_without_saving_them(tmp_path, single_rank_megatron):
+    """In process, 1 rank: rank 0's weights turn NaN before step 4; steps 4 and 5 are skipped, the save due
+    at step 5 is refused (non-finite weights), and with no checkpoint to return to the run stops (exit 3
+    from pretrain.train) with a report; nothing was written."""
+    from pretrain.loop import RunStopped
+    trainer = in_process(tmp_path, "run", ["schedule.train_iters=8", "eval.eval_interval=0",
+                                           "fault.nan_weights_at_step=4"])
+    with pytest.raises(RunStopped, match=r"stopping at step 5: nonfinite weights and no checkpoint known good to "
+                                         r"return to \(none saved yet\)\nNo checkpoint was written from non-finite"):
+        trainer.train()
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["step"]) for e in events] == [("nonfinite", 4), ("nonfinite", 5), ("save_refused", 5),
+                                                        ("stopped", 5)]
+    assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))

@@ -198,9 +198,10 @@ class CheckpointConfig:
                                          "start.")
     keep_last: int = doc(3, "Keep the newest N checkpoints (0 keeps all).")
     keep_every: int = doc(0, "Also keep for good every checkpoint whose step is a multiple of M; 0: none.")
-    checksums: bool = doc(False, "Also sha256 every file into meta.json and check it on resume; rank 0 reads the whole "
-                          "checkpoint at each save and resume, so leave off for TB-sized checkpoints (sizes are always "
-                          "checked).")
+    digests: bool = doc(True, "Record an xxh3-128 digest of every file at each save (each rank hashes what it wrote) "
+                        "and verify it on resume, spread over ranks: catches bytes overwritten in place.")
+    checksums: bool = doc(False, "Also sha256 every file at save and verify it on resume (spread over ranks like "
+                          "`digests`): the strong, slower mode.")
     async_save: bool = doc(False, "Megatron engine: write checkpoints in a background process while training goes on; "
                            "committed (meta.json, rename) once every rank's writer finished.")
     distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' "
@@ -226,6 +227,8 @@ class StabilityConfig:
     rollback_data: str = doc("skip", "After a rollback: 'skip' the samples consumed since the checkpoint, 'replay' "
                                      "them, "
                              "or 'reshuffle' them (the same samples in a seeded new order, other batches).")
+    nonfinite_limit: int = doc(3, "This many consecutive non-finite steps (each skipped) roll back to the newest "
+                                  "checkpoint known good (finite validation); none: exit 3 with a report. 0 disables.")
     max_rollbacks: int = doc(3, "Rollbacks allowed per run; one more stops the run with a report (exit 3).")
 
 
@@ -236,6 +239,8 @@ class FaultConfig:
                                "never.")
     preempt_at_step: int = doc(-1, "Rank fault.rank sends itself SIGUSR1 during this step (a SLURM time-limit "
                                    "warning); -1 never.")
+    nan_weights_at_step: int = doc(-1, "Rank fault.rank's first parameter becomes NaN before this step (silent "
+                                       "data corruption); -1 never.")
     poison_at_step: int = doc(-1, "Every rank's labels at this step are random tokens (a loss spike); -1 never.")
     rank: int = doc(0, "Global rank the injected fault hits.")
 

@@ -82,8 +82,24 @@ class Engine(ABC):
         """{"tp", "pp", "vpp", "cp", "ep", "dp", "world_size", "zero_stage"} of this run."""
 
     @abstractmethod
+    def local_parameters(self) -> List[torch.Tensor]:
+        """The parameter tensors this rank holds (its shard under TP/PP and, for ZeRO-3, DP)."""
+
     def parameters_on_rank(self) -> int:
-        """Parameter elements this rank holds (its shard under TP/PP and, for ZeRO-3, DP)."""
+        return sum(t.numel() for t in self.local_parameters())
+
+    def weights_finite(self) -> bool:
+        """Whether every rank's weights are finite (agreed: a MIN all-reduce); the loop never saves otherwise."""
+        params = self.local_parameters()          # one flag per tensor on the device, one host sync at the end
+        ok = torch.stack([torch.isfinite(t).all() for t in params]).all().to(torch.int32).reshape(1)
+        if dist.is_initialized():
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
+
+    def checkpoint_writer(self, name: str) -> Optional[int]:
+        """The global rank that wrote `name` (a path inside the engine's checkpoint directory), if the
+        engine's file naming says: that rank hashes it right after the save (pretrain/integrity.py)."""
+        return None
 
     # ---- lifetime ---------------------------------------------------------------------
     @abstractmethod

@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -231,9 +232,20 @@ class DeepSpeedEngine(Engine):
                 "dp": self.dp_size, "world_size": dist.get_world_size(), "zero_stage": self.cfg.deepspeed.zero_stage,
                 "distributed_optimizer": False}
 
-    def parameters_on_rank(self) -> int:
+    def local_parameters(self) -> List[torch.Tensor]:
         # ZeRO-3 partitions each parameter over DP: ds_tensor is this rank's partition.
-        return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in self.ds.module.parameters())
+        return [p.ds_tensor if hasattr(p, "ds_tensor") else p for p in self.ds.module.parameters()]
+
+    def checkpoint_writer(self, name: str) -> Optional[int]:
+        """DeepSpeed names files by DP and TP ("mp") rank; parallel_state orders ranks TP fastest (PP=CP=1 here)."""
+        tp = self.cfg.parallel.tensor_model_parallel_size
+        if match := re.search(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_", name):
+            return int(match.group(1)) * tp + int(match.group(2))
+        if match := re.fullmatch(r"mp_rank_(\d+)_model_states\.pt", name):
+            return int(match.group(1))                       # written by DP rank 0 of that TP rank
+        if match := re.fullmatch(r"rng_rank(\d+)\.pt", name):
+            return int(match.group(1))
+        return None
 
     def save_checkpoint(self, directory, on_done=lambda: None) -> None:
         from . import checkpointing

@@ -5,8 +5,9 @@ optimizer, RNG) is reachable as attributes for checkpointing (checkpointing.py).
 """
 from __future__ import annotations
 
+import re
 from functools import partial
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -216,9 +217,14 @@ class MegatronEngine(Engine):
                 "zero_stage": 1 if p.use_distributed_optimizer else 0,
                 "distributed_optimizer": p.use_distributed_optimizer}
 
-    def parameters_on_rank(self) -> int:
+    def local_parameters(self) -> List[torch.Tensor]:
         # A tied output layer on the last PP stage is a second copy of the embedding: held, so counted.
-        return sum(param.numel() for chunk in self.model for param in chunk.parameters())
+        return [param for chunk in self.model for param in chunk.parameters()]
+
+    def checkpoint_writer(self, name: str) -> Optional[int]:
+        # torch_dist (PyTorch DCP's file system writer): __<global rank>_<n>.distcp
+        match = re.fullmatch(r"__(\d+)_\d+\.distcp", name)
+        return int(match.group(1)) if match else None
 
     def close(self) -> None:
         if self._async_queue is not None:
