@@ -3,7 +3,8 @@
 Draws training loss against tokens and validation perplexity against tokens, one curve per
 run in each panel (matplotlib PNG), and prints a table of final metrics: steps, tokens, last
 train/valid/test loss, validation perplexity, median tokens/s and MFU. Reads each run's
-metrics.jsonl only (pretrain/report.py's summary), so it works while runs are still going.
+metrics.jsonl only (pretrain/report.py's summary), so it works while runs are still going and
+without torch or any experiment tracker installed.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 from pretrain.report import _jsonl, summarize
+from pretrain.report_plot import last_per_step
 
 COLUMNS = ("steps", "tokens", "train_loss", "valid_loss", "valid_ppl", "test_loss", "median_tokens_per_s", "mfu")
 
@@ -34,8 +36,9 @@ def table(runs: List[Path]) -> Tuple[str, List[dict]]:
     return "\n".join(lines), rows
 
 
-def plot(runs: List[Path], output: Path) -> int:
-    """Writes the PNG; returns the number of curves drawn."""
+def figure(runs: List[Path]):
+    """(figure, (training-loss axes, validation-perplexity axes), number of curves drawn). A resumed or
+    rolled-back run logs some steps twice: each step's last record is drawn (pretrain/report_plot.py)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -43,11 +46,11 @@ def plot(runs: List[Path], output: Path) -> int:
     curves = 0
     for run in runs:
         records = _jsonl(run / "metrics.jsonl")
-        train = [r for r in records if r["kind"] == "train"]
+        train = last_per_step([r for r in records if r["kind"] == "train"])
         tokens_at = {r["step"]: r["consumed_tokens"] for r in train}
         ax_train.plot([r["consumed_tokens"] for r in train], [r["loss"] for r in train], label=run.name)
         curves += 1
-        valid = [r for r in records if r["kind"] == "valid" and r["step"] in tokens_at]
+        valid = last_per_step([r for r in records if r["kind"] == "valid" and r["step"] in tokens_at])
         if valid:
             ax_valid.plot([tokens_at[r["step"]] for r in valid], [r["ppl"] for r in valid], marker="o", label=run.name)
             curves += 1
@@ -58,6 +61,13 @@ def plot(runs: List[Path], output: Path) -> int:
         if ax.lines:
             ax.legend()
     fig.tight_layout()
+    return fig, (ax_train, ax_valid), curves
+
+
+def plot(runs: List[Path], output: Path) -> int:
+    """Writes the PNG; returns the number of curves drawn."""
+    import matplotlib.pyplot as plt
+    fig, _, curves = figure(runs)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=120)
     plt.close(fig)

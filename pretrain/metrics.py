@@ -29,6 +29,31 @@ def memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2   # KiB on Linux
 
 
+def moe_text(record: dict) -> str:
+    """The console's MoE part: router losses, the most/least loaded expert vs an even share, drops."""
+    if "moe_load_max" not in record:
+        return ""
+    short = {"moe_load_balancing_loss": "aux", "moe_seq_load_balancing_loss": "seq-aux",
+             "moe_global_load_balancing_loss": "global-aux", "moe_z_loss": "z"}
+    aux = "".join(f" {label} {record[name]:.4f}" for name, label in short.items() if name in record)
+    return (f" | moe{aux} load {record['moe_load_min']:.2f}-{record['moe_load_max']:.2f}x"
+            f" dropped {record['moe_dropped']:.1%}")
+
+
+def open_appending(path: Path):
+    """A .jsonl opened for appending; a last line that a kill cut mid-write (no newline at the end) is ended
+    first, so the resumed run's first record is not glued to it (pretrain/report.py leaves the cut line out)."""
+    cut = False
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, 2)
+            cut = f.read(1) != b"\n"
+    out = open(path, "a", encoding="utf-8")
+    if cut:
+        out.write("\n")
+    return out
+
+
 class Metrics:
     def __init__(self, cfg: JobConfig, run_dir: Path, enabled: bool):
         self.cfg, self.enabled = cfg, enabled
@@ -42,8 +67,8 @@ class Metrics:
         self.jsonl = None
         if enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
-            self.events = open(run_dir / "events.jsonl", "a", encoding="utf-8")
+            self.jsonl = open_appending(run_dir / "metrics.jsonl")
+            self.events = open_appending(run_dir / "events.jsonl")
             if cfg.logging.tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
                 self.writer = SummaryWriter(str(run_dir / "tensorboard"))
@@ -70,6 +95,8 @@ class Metrics:
                   "memory_gib": memory_gib() if self.cfg.logging.log_memory else None, "time": time.time()}
         if getattr(result, "z_loss", None) is not None:
             record["z_loss"] = result.z_loss
+        if getattr(result, "moe", None):
+            record.update(result.moe)
         if mix_weights is not None:
             record["mix_weights"] = mix_weights
         self.reset_window()
@@ -81,7 +108,7 @@ class Metrics:
             print(f"step {record['step']:>6}/{self.cfg.derived.train_iters} | loss {record['loss']:.4f} | lr {lr:.3e} "
                   "| "
                   f"gnorm {gn} | batch {global_batch} | {tps:,.0f} tok/s | {tflops:.3f} TFLOP/s/dev{mfu} | "
-                  f"skipped {self.skipped_total}{mem}", flush=True)
+                  f"skipped {self.skipped_total}{mem}{moe_text(record)}", flush=True)
         return record
 
     def evaluation(self, step: int, split: str, loss: float) -> dict:
@@ -119,6 +146,9 @@ class Metrics:
                     self.writer.add_scalar(f"{record['kind']}/{key}", value, step)
             for j, weight in enumerate(record.get("mix_weights") or []):
                 self.writer.add_scalar(f"data/mix_weight_source{j}", weight, step)
+            for layer, counts in (record.get("moe_layers") or {}).items():      # tokens per expert, per layer
+                self.writer.add_scalars(f"moe/layer{layer}_tokens_per_expert",
+                                        {f"expert{e}": c for e, c in enumerate(counts)}, step)
             self.writer.flush()
 
     def close(self) -> None:

@@ -2,8 +2,10 @@
 
 Prints steps, tokens, restarts, skipped steps, spikes, rollbacks, throughput and the last
 train/valid/test losses from <run_dir>/metrics.jsonl, events.jsonl and provenance/, and draws
-<run_dir>/report.png: loss and grad norm per step, with spikes, non-finite steps and
-rollbacks marked. Reads files only; runs on a login node while training goes on.
+<run_dir>/report.png (pretrain/report_plot.py): loss with validation loss, LR, grad norm,
+tokens/s and memory against the step (tokens on the top axis), the events marked at their
+steps. Reads files only (no torch, no experiment tracker); runs on a login node while training
+goes on, or on a run killed mid-way (a last line cut by the kill is left out and counted).
 """
 from __future__ import annotations
 
@@ -13,19 +15,42 @@ import sys
 from pathlib import Path
 
 
+def read_jsonl(path: Path) -> tuple[list, int]:
+    """(records, unreadable lines): a line cut by a kill mid-write does not hide the rest of the run."""
+    records, bad = [], 0
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad += 1
+    return records, bad
+
+
 def _jsonl(path: Path) -> list:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return read_jsonl(path)[0]
+
+
+def _device(run_dir: Path) -> str | None:
+    """The logging rank's device of the newest start (provenance/start-<n>.json): 'cpu' or the GPU's name."""
+    starts = sorted((run_dir / "provenance").glob("start-*.json"), key=lambda p: int(p.stem[6:]))
+    try:
+        return json.loads(starts[-1].read_text())["ranks"][-1]["device"] if starts else None
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
 
 
 def summarize(run_dir: Path) -> tuple[str, dict]:
-    records = _jsonl(run_dir / "metrics.jsonl")
-    events = _jsonl(run_dir / "events.jsonl")
+    records, bad_metrics = read_jsonl(run_dir / "metrics.jsonl")
+    events, bad_events = read_jsonl(run_dir / "events.jsonl")
     train = [r for r in records if r["kind"] == "train"]
     if not train:
         raise FileNotFoundError(f"{run_dir}/metrics.jsonl has no training steps yet. Fix: RUN=<a run directory>.")
     starts = len(list((run_dir / "provenance").glob("start-*.json")))
-    count = {f"{k}_events": sum(1 for e in events if e["kind"] == k)
-             for k in ("spike", "nonfinite", "rollback", "stopped")}
+    count = {f"{name}_events": sum(1 for e in events if e["kind"] == k)      # names fit the 20-wide column
+             for k, name in (("resume", "resume"), ("checkpoint_skipped", "ckpt_skipped"), ("spike", "spike"),
+                             ("nonfinite", "nonfinite"), ("rollback", "rollback"), ("preempted", "preempted"),
+                             ("stopped", "stopped"))}
     tps = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
     last = {kind: next((r for r in reversed(records) if r["kind"] == kind), None)
             for kind in ("train", "valid", "test")}
@@ -33,43 +58,24 @@ def summarize(run_dir: Path) -> tuple[str, dict]:
              "skipped_steps": train[-1]["skipped_steps"], **count,
              "median_tokens_per_s": sorted(tps)[len(tps) // 2] if tps else None,
              "mfu": train[-1].get("mfu"), **{f"{k}_loss": (r["loss"] if r else None) for k, r in last.items()}}
+    if bad_metrics or bad_events:
+        stats["unreadable_lines"] = f"{bad_metrics} in metrics.jsonl, {bad_events} in events.jsonl (left out)"
     lines = [f"run {run_dir}"] + [f"  {k:<20} {v:,.4g}" if isinstance(v, float) else f"  {k:<20} {v}"
                                   for k, v in stats.items()]
     for e in events:
         lines.append(f"  event step {e['step']:>6} {e['kind']}: " +
                      ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "step", "time")))
-    return "\n".join(lines), {"train": train, "events": events, "stats": stats}
+    return "\n".join(lines), {"train": train, "records": records, "events": events, "stats": stats,
+                               "device": _device(run_dir)}
 
 
 def plot(run_dir: Path, data: dict) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .report_plot import save
 
-    train, events = data["train"], data["events"]
-    fig, (ax_loss, ax_norm) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    steps = list(range(len(train)))            # log order: a rollback replays step numbers
-    ax_loss.plot(steps, [r["loss"] for r in train], lw=1, label="train loss")
-    ax_norm.plot(steps, [r["grad_norm"] if r["grad_norm"] is not None else float("nan") for r in train], lw=1,
-                 color="tab:orange", label="grad norm")
-    style = {"spike": ("tab:red", "--"), "nonfinite": ("black", ":"), "rollback": ("tab:purple", "-")}
-    for kind, (color, line) in style.items():
-        # The logged record of the event's step that came just before the event.
-        where = sorted({max((i for i, r in enumerate(train) if r["step"] == e["step"]
-                             and r.get("time", 0) <= e.get("time", 0) + 1), default=None)
-                        for e in events if e["kind"] == kind} - {None})
-        for n, i in enumerate(where):
-            for ax in (ax_loss, ax_norm):
-                ax.axvline(i, color=color, ls=line, lw=1, label=kind if (ax is ax_loss and n == 0) else None)
-    ax_loss.set_ylabel("loss")
-    ax_norm.set_ylabel("grad norm")
-    ax_norm.set_xlabel("logged step (in order; rollbacks replay steps)")
-    ax_loss.legend(loc="upper right")
-    ax_loss.set_title(str(run_dir))
+    s = data["stats"]
     out = run_dir / "report.png"
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(data, f"{run_dir}\n{s['steps']:,} steps, {s['tokens']:,} tokens, {s['restarts']} restarts, "
+               f"{s['rollback_events']} rollbacks, {s['skipped_steps']} skipped updates", out)
     return out
 
 
