@@ -9,6 +9,14 @@ from .model.inventory import count_params
 from .plan import human
 
 
+def _experts(cfg, layout: dict) -> str:
+    """MoE: experts are split over EP ranks carved out of the data-parallel ones (Megatron's layout)."""
+    p = cfg.parallel
+    etp = p.expert_tensor_parallel_size or p.tensor_model_parallel_size
+    expert_dp = layout["world_size"] // (etp * layout["ep"] * layout["pp"])
+    return (f"x DP {layout['dp']} (experts: {cfg.moe.num_experts} per layer, EP {layout['ep']} x expert TP {etp} "
+            f"x expert DP {expert_dp})")
+
 def _engine_line(cfg: JobConfig, layout: dict) -> str:
     if cfg.parallel.engine == "deepspeed":
         ds = cfg.deepspeed
@@ -45,9 +53,12 @@ def run_banner(cfg: JobConfig, engine) -> str:
     rows = [
         ("engine", _engine_line(cfg, layout)),
         ("layout", f"{layout['world_size']} ranks = TP {layout['tp']} x PP {layout['pp']}{vpp} x CP {layout['cp']} "
-                   f"x EP {layout['ep']} x DP {layout['dp']}, ZeRO stage {layout['zero_stage']}"
+                   + (_experts(cfg, layout) if cfg.moe.enabled else f"x EP {layout['ep']} x DP {layout['dp']}")
+                   + f", ZeRO stage {layout['zero_stage']}"
                    + (", sequence parallel" if cfg.parallel.sequence_parallel else "")),
-        ("parameters", f"{human(count_params(cfg)['total'])} total; per rank {human(min(per_rank))}"
+        ("parameters", f"{human(count_params(cfg)['total'])} total"
+                       + (f", {human(count_params(cfg)['active'])} active per token" if cfg.moe.enabled else "")
+                       + f"; per rank {human(min(per_rank))}"
                        + (f" - {human(max(per_rank))}" if max(per_rank) != min(per_rank) else "")),
         ("precision", f"{cfg.precision.dtype} (precision.dtype)"),
         ("batch", _batch_line(cfg)),

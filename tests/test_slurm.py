@@ -32,7 +32,7 @@ def directives(script: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["gpt-7b", "llama-70b"])
+@pytest.mark.parametrize("recipe", ["gpt-7b", "llama-70b", "mixtral-8x7b"])
 def test_dry_run_renders_the_recipes_layout(recipe):
     from pretrain.config import load_recipe
     cfg = load_recipe(recipe)

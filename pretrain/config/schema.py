@@ -16,6 +16,8 @@ from omegaconf import MISSING
 from common.config import doc
 from preprocessing.config import TokenizerConfig
 
+from .moe import MoEConfig
+
 
 @dataclass
 class ModelConfig:
@@ -103,6 +105,9 @@ class ParallelConfig:
     num_layers_in_last_pipeline_stage: Optional[int] = doc(None, "Uneven PP split: layers on the last stage (rest "
                                                                  "split evenly).")
     context_parallel_size: int = doc(1, "CP degree: splits the sequence across ranks in attention.")
+    expert_model_parallel_size: int = doc(1, "EP degree: MoE experts spread over this many ranks (moe.num_experts).")
+    expert_tensor_parallel_size: Optional[int] = doc(None, "TP degree inside each expert; null: the same as "
+                                                           "tensor_model_parallel_size.")
     sequence_parallel: bool = doc(False, "Shard norm/dropout activations along the sequence over TP ranks (needs "
                                          "TP>1).")
     use_distributed_optimizer: bool = doc(False, "Shard optimizer states over DP ranks (ZeRO-1) in megatron-core.")
@@ -325,6 +330,8 @@ class JobConfig:
                              "in every rank), so the optimizers, LR schedules and engines they register can be "
                              "named in it.", factory=list)
     model: ModelConfig = doc(None, "Model shape and layer choices.", factory=ModelConfig)
+    moe: MoEConfig = doc(None, "Mixture of Experts: experts, router, dispatcher (null num_experts: dense).",
+                         factory=MoEConfig)
     precision: PrecisionConfig = doc(None, "Numeric precision.", factory=PrecisionConfig)
     parallel: ParallelConfig = doc(None, "Engine and parallel layout.", factory=ParallelConfig)
     deepspeed: DeepSpeedConfig = doc(None, "DeepSpeed engine settings (ZeRO stage, offload, template).",

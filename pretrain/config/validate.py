@@ -13,6 +13,7 @@ from ..engines.deepspeed.ds_config import load_template, problems, template_path
 from ..optim import OPTIMIZERS
 from ..schedules import LR_SCHEDULES, WSD_SHAPES
 from .derive import batch_ramp
+from .moe import moe_problems
 from .schema import DTYPES, DeepSpeedConfig, JobConfig
 
 CHOICES = {
@@ -188,6 +189,8 @@ def validate(cfg: JobConfig) -> None:
     if p.recompute_granularity == "full" and min(stages) > 0 and p.recompute_num_layers > max(stages):
         add(f"parallel.recompute_num_layers={p.recompute_num_layers} exceeds the layers per pipeline stage "
             f"{max(stages)}.")
+
+    moe_problems(cfg, world, add)
 
     # Engines
     if p.engine == "deepspeed":

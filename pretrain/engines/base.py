@@ -29,6 +29,7 @@ class StepResult:
     loss_scale: Optional[float]
     rejected: bool = False      # skipped because the loop's spike policy said so
     z_loss: Optional[float] = None   # mean z-loss term (model.z_loss_coeff > 0), not included in `loss`
+    moe: Optional[dict] = None       # MoE router losses and expert load (pretrain/engines/megatron/moe_stats.py)
 
 
 def same_placement(saved: dict, now: dict) -> bool:

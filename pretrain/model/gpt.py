@@ -7,11 +7,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.utils import init_method_normal
 
+from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 
 
@@ -70,12 +71,49 @@ def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> Tran
     )
     if not m.scaled_output_init:
         kwargs["output_layer_init_method"] = init_method_normal(m.init_method_std)
+    if cfg.moe.enabled:
+        kwargs.update(moe_config(cfg))
     return TransformerConfig(**kwargs)
 
 
-def layer_spec(cfg: JobConfig):
+def moe_config(cfg: JobConfig) -> dict:
+    """The `moe` section and expert parallel sizes as megatron-core TransformerConfig fields."""
+    moe, p = cfg.moe, cfg.parallel
+    return dict(
+        num_moe_experts=moe.num_experts,
+        moe_router_topk=moe.router_topk,
+        moe_ffn_hidden_size=moe.ffn_hidden_size or cfg.derived.ffn_hidden_size,
+        moe_layer_freq=moe_layer_pattern(moe, cfg.model.num_layers),
+        moe_shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size,
+        moe_router_load_balancing_type=moe.load_balancing,
+        moe_aux_loss_coeff=moe.aux_loss_coeff,
+        moe_z_loss_coeff=moe.z_loss_coeff or None,
+        moe_expert_capacity_factor=moe.capacity_factor,
+        moe_pad_expert_input_to_capacity=moe.pad_to_capacity,
+        moe_token_drop_policy=moe.drop_policy,
+        moe_router_score_function=moe.score_function,
+        moe_router_pre_softmax=moe.pre_softmax,
+        moe_token_dispatcher_type=moe.dispatcher,
+        moe_grouped_gemm=moe.grouped_gemm,
+        moe_permute_fusion=moe.permute_fusion,
+        moe_router_fusion=moe.router_fusion,
+        moe_router_dtype="fp32",          # routing decisions in fp32 under bf16/fp16 (Megatron-LM recommends it)
+        expert_model_parallel_size=p.expert_model_parallel_size,
+        expert_tensor_parallel_size=p.expert_tensor_parallel_size or p.tensor_model_parallel_size,
+    )
+
+
+def use_transformer_engine(cfg: JobConfig) -> bool:
     impl = cfg.model.transformer_impl
-    if impl == "transformer_engine" or (impl == "auto" and has_transformer_engine() and torch.cuda.is_available()):
+    return impl == "transformer_engine" or (impl == "auto" and has_transformer_engine() and torch.cuda.is_available())
+
+
+def layer_spec(cfg: JobConfig, config: TransformerConfig, vp_stage: Optional[int] = None):
+    """One layer spec (dense), or the block's per-layer specs (MoE layers where moe.layer_freq says)."""
+    if cfg.moe.enabled:
+        return get_gpt_decoder_block_spec(config, use_transformer_engine=use_transformer_engine(cfg),
+                                          normalization=cfg.model.normalization, vp_stage=vp_stage)
+    if use_transformer_engine(cfg):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=cfg.model.qk_layernorm)
     return get_gpt_layer_local_spec(qk_layernorm=cfg.model.qk_layernorm, normalization=cfg.model.normalization)
@@ -108,7 +146,7 @@ def _gpt_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: bool, 
     m, d = cfg.model, cfg.derived
     return GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(cfg),
+        transformer_layer_spec=layer_spec(cfg, config, vp_stage),
         vocab_size=d.padded_vocab_size,
         max_sequence_length=d.max_position_embeddings,
         pre_process=pre_process,

@@ -20,15 +20,19 @@ from megatron.core import parallel_state
 from ..config.schema import JobConfig
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 
 
 def _seed_for(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def global_name(name: str, layer_offset: int, tied: bool) -> str:
+def global_name(name: str, layer_offset: int, tied: bool, expert_offset: int = 0) -> str:
+    """The parameter's name in the whole model: PP stages number their layers from 0 and EP ranks
+    their experts from 0 (`local_experts.i` is global expert expert_offset + i)."""
     name = name.removeprefix("module.")
     name = _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + layer_offset}.", name)
+    name = _EXPERT.sub(lambda m: f".local_experts.{int(m.group(1)) + expert_offset}.", name)
     if tied and name == "output_layer.weight":      # the last stage's copy of the tied embedding
         return "embedding.word_embeddings.weight"
     return name
@@ -43,7 +47,7 @@ def _full_tensor(cfg: JobConfig, name: str, full_shape, std: float, device) -> t
 
 
 def _shard(cfg: JobConfig, name: str, full: torch.Tensor, dim: int, tp: int, rank: int) -> torch.Tensor:
-    if name.endswith("mlp.linear_fc1.weight") and cfg.model.activation == "swiglu":
+    if name.endswith("linear_fc1.weight") and cfg.model.activation == "swiglu":     # dense, expert, shared
         # A TP rank's fc1 rows are [gate shard; up shard] (MLP chunks its local output in two).
         gate, up = full.chunk(2, dim=0)
         return torch.cat([gate.chunk(tp, 0)[rank], up.chunk(tp, 0)[rank]], dim=0)
@@ -55,8 +59,14 @@ def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int,
                           gather=lambda param: contextlib.nullcontext()) -> None:
     """`gather(param)`: a context in which a partitioned parameter (DeepSpeed ZeRO-3) is whole
     and writes to it are kept."""
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    rank = parallel_state.get_tensor_model_parallel_rank()
+    ps = parallel_state
+    tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    expert_tp, expert_rank = tp, rank
+    expert_offset = 0
+    if cfg.moe.enabled:
+        expert_tp, expert_rank = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank()
+        expert_offset = ps.get_expert_model_parallel_rank() * (cfg.moe.num_experts //
+                                                              ps.get_expert_model_parallel_world_size())
     tied = not cfg.model.untie_embeddings_and_output_weights
     std = cfg.model.init_method_std
     scaled = std / math.sqrt(2.0 * cfg.model.num_layers) if cfg.model.scaled_output_init else std
@@ -64,14 +74,15 @@ def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int,
         shape = getattr(param, "ds_shape", param.shape)       # ZeRO-3 keeps the whole shape there
         if len(shape) < 2:
             continue
-        name = global_name(local_name, layer_offset, tied)
+        name = global_name(local_name, layer_offset, tied, expert_offset)
         split = getattr(param, "tensor_model_parallel", False)
         dim = getattr(param, "partition_dim", 0) if split else 0
+        ways, index = (expert_tp, expert_rank) if ".local_experts." in name else (tp, rank)
         full_shape = list(shape)
         if split:
-            full_shape[dim] *= tp
+            full_shape[dim] *= ways
         p_std = scaled if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
         with gather(param):
             full = _full_tensor(cfg, name, full_shape, p_std, param.device)
-            value = _shard(cfg, name, full, dim, tp, rank) if split else full
+            value = _shard(cfg, name, full, dim, ways, index) if split else full
             param.copy_(value.to(param.dtype))

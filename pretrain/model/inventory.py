@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from ..config.validate import pipeline_stage_layers
 from .hf_mapping import TE_NAMES
@@ -25,12 +26,18 @@ class Tensor:
     embedding: bool = False
     vocab: bool = False          # dim 0 is the (padded) vocabulary
     gated: bool = False          # dim 0 is [gate; up], each half split over TP on its own (SwiGLU fc1)
+    expert: bool = False         # one MoE expert's: held by one EP rank, split over the expert TP degree
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    def per_rank(self, tp: int) -> int:
+    def per_rank(self, tp: int, ep: int = 1, expert_tp: int | None = None) -> float:
+        """Elements one rank holds: its TP slice; for an expert tensor its expert-TP slice times the
+        share of experts an EP rank holds (1/ep of them, so a per-tensor average)."""
+        if self.expert:
+            ways = expert_tp or tp
+            return (self.numel if self.split == "none" else self.numel // ways) / ep
         return self.numel if self.split == "none" else self.numel // tp
 
     def per_rank_shape(self, tp: int) -> tuple[int, ...]:
@@ -48,12 +55,36 @@ def _norm(name: str, width: int, cfg: JobConfig) -> list[Tensor]:
     return tensors
 
 
-def layer_tensors(cfg: JobConfig) -> list[Tensor]:
+def _mlp(cfg: JobConfig, prefix: str, width: int, expert: bool = False) -> list[Tensor]:
+    h, bias, gated = cfg.model.hidden_size, cfg.model.add_bias_linear, cfg.model.activation == "swiglu"
+    fc1_out = width * (2 if gated else 1)
+    t = [Tensor(f"{prefix}.linear_fc1.weight", (fc1_out, h), "row", matmul=True, gated=gated, expert=expert)]
+    if bias:
+        t.append(Tensor(f"{prefix}.linear_fc1.bias", (fc1_out,), "row", expert=expert))
+    t.append(Tensor(f"{prefix}.linear_fc2.weight", (h, width), "col", matmul=True, expert=expert))
+    if bias:
+        t.append(Tensor(f"{prefix}.linear_fc2.bias", (h,), expert=expert))
+    return t
+
+
+def moe_mlp_tensors(cfg: JobConfig) -> list[Tensor]:
+    """megatron-core's MoELayer (local spec, SequentialMLP experts): router, experts, shared experts."""
+    moe, h = cfg.moe, cfg.model.hidden_size
+    t = [Tensor("mlp.router.weight", (moe.num_experts, h), matmul=True)]
+    width = moe.ffn_hidden_size or cfg.derived.ffn_hidden_size
+    for e in range(moe.num_experts):
+        t += _mlp(cfg, f"mlp.experts.local_experts.{e}", width, expert=True)
+    if moe.shared_expert_ffn_hidden_size:
+        t += _mlp(cfg, "mlp.shared_experts", moe.shared_expert_ffn_hidden_size)
+    return t
+
+
+def layer_tensors(cfg: JobConfig, moe: bool = False) -> list[Tensor]:
+    """One transformer layer's tensors; `moe`: with an MoELayer in place of the dense MLP."""
     m, d = cfg.model, cfg.derived
     h, kv = m.hidden_size, d.kv_channels
     q_out = m.num_attention_heads * kv
     qkv_out = q_out + 2 * d.num_query_groups * kv
-    fc1_out = d.ffn_hidden_size * (2 if m.activation == "swiglu" else 1)
     bias = m.add_bias_linear
     t = _norm("input_layernorm", h, cfg)
     t.append(Tensor("self_attention.linear_qkv.weight", (qkv_out, h), "row", matmul=True))
@@ -65,13 +96,14 @@ def layer_tensors(cfg: JobConfig) -> list[Tensor]:
     if bias:
         t.append(Tensor("self_attention.linear_proj.bias", (h,)))
     t += _norm("pre_mlp_layernorm", h, cfg)
-    t.append(Tensor("mlp.linear_fc1.weight", (fc1_out, h), "row", matmul=True, gated=m.activation == "swiglu"))
-    if bias:
-        t.append(Tensor("mlp.linear_fc1.bias", (fc1_out,), "row"))
-    t.append(Tensor("mlp.linear_fc2.weight", (h, d.ffn_hidden_size), "col", matmul=True))
-    if bias:
-        t.append(Tensor("mlp.linear_fc2.bias", (h,)))
-    return t
+    return t + (moe_mlp_tensors(cfg) if moe else _mlp(cfg, "mlp", d.ffn_hidden_size))
+
+
+def layer_kinds(cfg: JobConfig) -> list[bool]:
+    """For each layer, whether it is an MoE layer."""
+    if not cfg.moe.enabled:
+        return [False] * cfg.model.num_layers
+    return [bool(k) for k in moe_layer_pattern(cfg.moe, cfg.model.num_layers)]
 
 
 def embedding_tensors(cfg: JobConfig) -> list[Tensor]:
@@ -102,10 +134,13 @@ def stage_tensors(cfg: JobConfig) -> list[list[Tensor]]:
     pp = p.pipeline_model_parallel_size
     layers = pipeline_stage_layers(cfg.model.num_layers, pp, p.num_layers_in_first_pipeline_stage,
                                    p.num_layers_in_last_pipeline_stage)
-    per_layer = layer_tensors(cfg)
-    stages = []
+    kinds, per_kind = layer_kinds(cfg), {False: layer_tensors(cfg)}
+    if cfg.moe.enabled:
+        per_kind[True] = layer_tensors(cfg, moe=True)
+    stages, first = [], 0
     for i, n in enumerate(layers):
-        tensors = per_layer * n
+        tensors = [t for kind in kinds[first:first + n] for t in per_kind[kind]]
+        first += n
         if i == 0:
             tensors = embedding_tensors(cfg) + tensors
         if i == pp - 1:
@@ -116,16 +151,20 @@ def stage_tensors(cfg: JobConfig) -> list[list[Tensor]]:
 
 
 def count_params(cfg: JobConfig) -> dict:
-    """Unique parameters of the whole model (TP=1 view; a tied PP copy is not counted twice)."""
-    layer = layer_tensors(cfg)
+    """Unique parameters of the whole model (TP=1 view; a tied PP copy is not counted twice).
+    `active`: what one token uses (an MoE layer: router, top-k of its experts, shared experts);
+    `matmul`: the GEMM weights a token goes through, the N of 6N FLOPs."""
     embed = embedding_tensors(cfg)
-    head = head_tensors(cfg, tied_copy=False)
-    total = sum(t.numel for t in embed + head) + cfg.model.num_layers * sum(t.numel for t in layer)
+    layers = [t for kind in layer_kinds(cfg) for t in layer_tensors(cfg, moe=kind)]
+    total = sum(t.numel for t in embed + head_tensors(cfg, tied_copy=False) + layers)
     embedding = sum(t.numel for t in embed)
-    matmul = cfg.model.num_layers * sum(t.numel for t in layer if t.matmul)
+    chosen = cfg.moe.router_topk / cfg.moe.num_experts if cfg.moe.enabled else 1.0
+    unused = round(sum(t.numel for t in layers if t.expert) * (1 - chosen))
+    matmul = round(sum(t.numel * (chosen if t.expert else 1) for t in layers if t.matmul))
     # The output projection is a GEMM whether or not its weight is tied to the embedding.
     matmul += cfg.derived.padded_vocab_size * cfg.model.hidden_size
-    return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "matmul": matmul}
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": total - unused,
+            "matmul": matmul}
 
 
 def tp_split_patterns(cfg: JobConfig) -> dict[str, list[str]]:
@@ -134,7 +173,8 @@ def tp_split_patterns(cfg: JobConfig) -> dict[str, list[str]]:
     "gated" (two sub-parameters along dim 0); the rest is split along dim 0. Transformer Engine
     specs hold the pre-attention/-MLP norms inside the next linear: both spellings are given."""
     te_spelling = {local: te for te, local in TE_NAMES.items()}
-    tensors = embedding_tensors(cfg) + layer_tensors(cfg) + head_tensors(cfg, tied_copy=True)
+    moe = layer_tensors(cfg, moe=True) if cfg.moe.enabled else []
+    tensors = embedding_tensors(cfg) + layer_tensors(cfg) + moe + head_tensors(cfg, tied_copy=True)
     out: dict[str, list[str]] = {"replicated": [], "dim1": [], "vocab": [], "gated": []}
     for t in tensors:
         names = [t.name] + ([te_spelling[t.name]] if t.name in te_spelling else [])

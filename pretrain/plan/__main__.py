@@ -1,4 +1,4 @@
-"""`make plan RECIPE=... [OVERRIDES=...] [JSON=1] [GPUS=N] [MFU=0.4]`."""
+"""`make plan RECIPE=... [OVERRIDES=...] [JSON=1] [GPUS=N] [MFU=0.4] [SEARCH=1 [TOP=5]]`."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,8 @@ from common.cli import add_recipe_args, env_flag, recipe_and_overrides
 from ..config import ConfigError, load_recipe
 from . import human
 from .estimate import make_plan
+from .search import as_dict, search
+from .search import render as render_search
 
 
 def render(plan: dict) -> str:
@@ -34,6 +36,13 @@ def render(plan: dict) -> str:
         f"  Chinchilla tokens {human(plan['chinchilla_tokens'])} (20 x params); budget {human(plan['train_tokens'])} "
         f"tokens in {plan['train_iters']:,} steps",
     ]
+    if "moe" in plan:
+        moe = plan["moe"]
+        lines.insert(2, f"  MoE               {moe['experts']} experts, top-{moe['router_topk']}, "
+                        f"{moe['moe_layers']} MoE layers; {moe['params_active']:,} active per token "
+                        f"({human(moe['params_active'])}); EP="
+                        f"{moe['expert_parallel']} ({moe['dispatcher']}): "
+                        f"{moe['token_exchange_bytes_per_rank_per_step'] / 2**30:.2f} GiB exchanged per rank per step")
     if hours is not None:
         lines.append(f"  time to budget    {hours:,.1f} h ({hours / 24:,.1f} days) on {plan['gpus']} x "
                      f"{plan['gpu_type']} at {plan['mfu']:.0%} MFU ({plan['peak_tflops_per_gpu']} TFLOP/s peak)")
@@ -49,6 +58,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gpus", type=int, default=int(os.environ.get("GPUS") or 0) or None,
                         help="GPU count for the time estimate (default: the recipe's world size)")
     parser.add_argument("--mfu", type=float, default=float(os.environ.get("MFU") or 0.4))
+    parser.add_argument("--search", action="store_true", help="rank every valid layout on GPUS devices (default "
+                        "$SEARCH)")
+    parser.add_argument("--top", type=int, default=int(os.environ.get("TOP") or 5), help="layouts to print")
     args = parser.parse_args(argv)
     recipe, overrides = recipe_and_overrides(args)
     try:
@@ -56,8 +68,21 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
+    as_json = args.json or env_flag("JSON")
+    if args.search or env_flag("SEARCH"):
+        try:
+            found = search(cfg, args.gpus, top=args.top)
+        except (ConfigError, KeyError) as err:
+            print(err if isinstance(err, ConfigError) else err.args[0], file=sys.stderr)
+            return 2
+        if as_json:
+            print(json.dumps({"recipe": recipe, **{k: v for k, v in found.items() if k != "results"},
+                              "layouts": [as_dict(r) for r in found["results"]]}))
+        else:
+            print(render_search(recipe, found))
+        return 0
     plan = make_plan(cfg, gpus=args.gpus, mfu=args.mfu)
-    print(json.dumps(plan) if (args.json or env_flag("JSON")) else render(plan))
+    print(json.dumps(plan) if as_json else render(plan))
     return 0
 
 

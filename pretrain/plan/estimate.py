@@ -7,6 +7,7 @@ from ..config.schema import JobConfig
 from ..model.inventory import count_params
 from .hardware import peak_tflops
 from .memory import memory_per_gpu
+from .moe import moe_plan
 
 CHINCHILLA_TOKENS_PER_PARAM = 20   # Hoffmann et al. 2022, compute-optimal rule of thumb
 
@@ -41,7 +42,7 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: float = 0.4) -> d
     seconds = total_flops / (gpus * peak * 1e12 * mfu) if peak else None
     mem = memory_per_gpu(cfg)
     p = cfg.parallel
-    return {
+    plan = {
         "recipe": cfg.name,
         "params": params["total"],
         "params_non_embedding": params["non_embedding"],
@@ -67,5 +68,8 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: float = 0.4) -> d
                    "recompute": p.recompute_granularity,
                    "precision": cfg.precision.dtype,
                    "micro_batch": cfg.batch.micro_batch_size, "global_batch": cfg.batch.global_batch_size,
-                   "num_microbatches": d.num_microbatches},
+                   "num_microbatches": d.num_microbatches, "ep": p.expert_model_parallel_size},
     }
+    if cfg.moe.enabled:     # FLOPs above already count the active parameters only (inventory's `matmul`)
+        plan["moe"] = moe_plan(cfg, params)
+    return plan

@@ -6,13 +6,19 @@ Sources (formulas in docs/planner.md):
   of optimizer state (fp32 master, m, v); the distributed optimizer / ZeRO-1 divides the
   optimizer state by DP, ZeRO-2 also the grads, ZeRO-3 also the weights.
 * activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-  Transformer Models", eq. 1-2 and table 2, generalised to GQA, any FFN width and SwiGLU.
+  Transformer Models", eq. 1-2 and table 2, generalised to GQA, any FFN width and SwiGLU;
+  context parallelism divides the sequence (and so every activation) by CP; the interleaved
+  schedule keeps (1 + (p-1)/(p*v)) times the 1F1B activations on the first stage (ibid., sec. 4.2.3).
+* MoE: a rank holds 1/EP of the experts, split over the expert TP degree; with the distributed
+  optimizer their states are sharded over the expert-data-parallel ranks (world / (ETP x EP x PP)).
+  An MoE layer's MLP activations are those of top-k expert MLPs per token (tokens spread evenly over
+  experts: the balanced case), plus the permuted expert inputs and the router's fp32 logits.
 """
 from __future__ import annotations
 
 from ..config.schema import JobConfig
 from ..config.validate import pipeline_stage_layers
-from ..model.inventory import stage_tensors
+from ..model.inventory import layer_kinds, stage_tensors
 from ..optim import OPTIMIZERS
 
 GIB = 1024**3
@@ -28,14 +34,16 @@ def optimizer_state_bytes(cfg: JobConfig, tensors, tp: int) -> float:
     return sum(t.per_rank(tp) * master + state_bytes(t.per_rank_shape(tp)) for t in tensors)
 
 
-def activation_bytes_per_layer(cfg: JobConfig, granularity: str | None = "recipe") -> float:
+def activation_bytes_per_layer(cfg: JobConfig, granularity: str | None = "recipe", moe: bool = False) -> float:
     """Activations one layer keeps for backward, for one micro-batch on one TP rank.
 
-    `granularity` defaults to the recipe's recompute setting; pass None for no recompute."""
+    `granularity` defaults to the recipe's recompute setting; pass None for no recompute.
+    `moe`: an MoE layer (top-k expert MLPs per token instead of the dense MLP)."""
     m, d, p = cfg.model, cfg.derived, cfg.parallel
     if granularity == "recipe":
         granularity = p.recompute_granularity
-    s, b, h, t = m.seq_length, cfg.batch.micro_batch_size, m.hidden_size, p.tensor_model_parallel_size
+    s, b, h, t = m.seq_length // p.context_parallel_size, cfg.batch.micro_batch_size, m.hidden_size, \
+        p.tensor_model_parallel_size
     a = m.num_attention_heads
     e = _bytes_per_element(cfg)
     q = a * d.kv_channels
@@ -51,6 +59,8 @@ def activation_bytes_per_layer(cfg: JobConfig, granularity: str | None = "recipe
     replicated = s * b * h * (4 * e + 2 * mask) / sp
     attention = s * b * (q + 2 * kv) * e / t + s * b * q * e / t        # Q, K, V + proj input
     mlp = s * b * f * gate * e / t + s * b * f * e / t                   # act input + fc2 input
+    if moe:
+        mlp = _moe_mlp_bytes(cfg, s * b / sp, e)
     core = 0.0
     flash = m.attention_backend in ("flash", "fused", "auto")
     if granularity != "selective" and not flash:
@@ -60,7 +70,45 @@ def activation_bytes_per_layer(cfg: JobConfig, granularity: str | None = "recipe
     return replicated + attention + mlp + core
 
 
-def memory_per_gpu(cfg: JobConfig) -> dict:
+def _moe_mlp_bytes(cfg: JobConfig, tokens: float, e: int) -> float:
+    """One MoE layer's MLP activations on one rank: the router's fp32 logits, the k permuted copies of
+    each token (expert inputs), each expert MLP's activation and fc2 inputs (split over expert TP),
+    and the shared experts as a dense MLP."""
+    m, moe, p = cfg.model, cfg.moe, cfg.parallel
+    gate = 2 if m.activation == "swiglu" else 1
+    etp = p.expert_tensor_parallel_size or p.tensor_model_parallel_size
+    width = moe.ffn_hidden_size or cfg.derived.ffn_hidden_size
+    routed = tokens * moe.router_topk
+    out = tokens * moe.num_experts * 4 + routed * m.hidden_size * e + routed * width * (gate + 1) * e / etp
+    if moe.shared_expert_ffn_hidden_size:
+        out += tokens * moe.shared_expert_ffn_hidden_size * (gate + 1) * e / p.tensor_model_parallel_size
+    return out
+
+
+def stage_param_bytes(cfg: JobConfig, cache: dict | None = None) -> list[tuple[int, float]]:
+    """(parameters, optimizer-state bytes) per pipeline stage on one TP rank, before any DP sharding.
+    Depends on the model, TP and the PP split only: `cache` (a dict) memoises it across layouts."""
+    p = cfg.parallel
+    tp, ep, cp = p.tensor_model_parallel_size, p.expert_model_parallel_size, p.context_parallel_size
+    etp = p.expert_tensor_parallel_size or tp
+    key = (tp, p.pipeline_model_parallel_size, p.num_layers_in_first_pipeline_stage,
+           p.num_layers_in_last_pipeline_stage, ep, etp, cp)
+    if cache is not None and key in cache:
+        return cache[key]
+    out = []
+    for tensors in stage_tensors(cfg):
+        dense, experts = [t for t in tensors if not t.expert], [t for t in tensors if t.expert]
+        n = sum(t.per_rank(tp) for t in dense) + sum(t.per_rank(tp, ep, etp) for t in experts)
+        # Expert states are sharded over expert-DP = DP x TP x CP / (ETP x EP) ranks; memory_per_gpu
+        # divides every state by DP, so they enter scaled by DP / expert-DP.
+        expert_state = optimizer_state_bytes(cfg, experts, etp) / ep * (etp * ep) / (tp * cp) if experts else 0.0
+        out.append((n, optimizer_state_bytes(cfg, dense, tp) + expert_state))
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
+def memory_per_gpu(cfg: JobConfig, cache: dict | None = None) -> dict:
     """Bytes per GPU for the most loaded pipeline stage, by component, in GiB."""
     p, d = cfg.parallel, cfg.derived
     tp, pp, dp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, d.data_parallel_size
@@ -69,21 +117,25 @@ def memory_per_gpu(cfg: JobConfig) -> dict:
     zero = cfg.deepspeed.zero_stage if p.engine == "deepspeed" else (1 if p.use_distributed_optimizer else 0)
     layers = pipeline_stage_layers(cfg.model.num_layers, pp, p.num_layers_in_first_pipeline_stage,
                                    p.num_layers_in_last_pipeline_stage)
-    per_layer = activation_bytes_per_layer(cfg)
-    s, b = cfg.model.seq_length, cfg.batch.micro_batch_size
+    kinds = layer_kinds(cfg)
+    per_kind = {kind: activation_bytes_per_layer(cfg, moe=kind) for kind in set(kinds)}
+    s, b = cfg.model.seq_length // p.context_parallel_size, cfg.batch.micro_batch_size
     in_flight = min(pp, d.num_microbatches)   # 1F1B: stage i holds (pp - i) micro-batches
+    vpp = p.virtual_pipeline_model_parallel_size
+    interleave = 1 + (pp - 1) / (pp * vpp) if vpp and pp > 1 else 1.0
 
     best = None
-    for i, tensors in enumerate(stage_tensors(cfg)):
-        n = sum(t.per_rank(tp) for t in tensors)
+    for i, (n, state_bytes) in enumerate(stage_param_bytes(cfg, cache)):
         weights = n * e / (dp if zero >= 3 else 1)
         grads = n * grad_bytes / (dp if zero >= 2 else 1)
-        optimizer = optimizer_state_bytes(cfg, tensors, tp) / (dp if zero >= 1 else 1)
+        optimizer = state_bytes / (dp if zero >= 1 else 1)
         if p.engine == "deepspeed" and cfg.deepspeed.offload_optimizer:
             optimizer = 0.0
         if p.engine == "deepspeed" and cfg.deepspeed.offload_param:
             weights = 0.0
-        activations = per_layer * layers[i] * max(1, in_flight - i)
+        first = sum(layers[:i])
+        stage_layers = sum(per_kind[kind] for kind in kinds[first:first + layers[i]])
+        activations = stage_layers * max(1, in_flight - i) * (interleave if i == 0 else 1.0)
         if p.recompute_granularity == "full":   # the recomputed group's working set in backward
             activations += activation_bytes_per_layer(cfg, None) * min(layers[i], p.recompute_num_layers)
         if i == pp - 1:                          # fp32 logits for the cross entropy

@@ -26,6 +26,9 @@ when an upgrade made the adaptation unnecessary and it should be deleted.
    LayerNorm" (apex/TE norms support it). Torch's norm is correct under SP as long as its
    params carry `sequence_parallel=True` so their grads are all-reduced over TP, which
    megatron-core's `finalize_model_grads` does; the adaptation builds it that way.
+8-10. MoE (`cpu_compat_moe.py`, listed and probed with these): the router's missing
+   `te_general_gemm` without Transformer Engine, the alltoall dispatcher's CUDA stream, and its
+   all-to-all split sizes left as tensors on CPU.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ from typing import Callable, List, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from . import cpu_compat_moe
 
 _APPLIED = False
 _MODE = None
@@ -168,7 +173,7 @@ def apply(skip: frozenset = frozenset()) -> bool:
         return False
     if _APPLIED:
         return True
-    for name, patch in PATCHES.items():
+    for name, patch in {**PATCHES, **cpu_compat_moe.PATCHES}.items():
         if name not in skip:
             patch()
     if "cuda-device-args" not in skip:
@@ -241,4 +246,4 @@ ADAPTATIONS: List[Adaptation] = [
     Adaptation("cuda-tensor-type", "Wrapped parameters must be one of torch.cuda.FloatTensor", _probe_tensor_type),
     Adaptation("causal-mask", "Torch not compiled with CUDA enabled", _probe_causal_mask),
     Adaptation("torch-norm-sp", "sequence parallel not supported by torch LayerNorm", _probe_torch_norm_sp),
-]
+] + [Adaptation(*probe) for probe in cpu_compat_moe.PROBES]

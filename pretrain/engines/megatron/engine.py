@@ -25,7 +25,18 @@ from ...model.init import layout_invariant_init
 from ..base import Engine, StepResult
 from ..common import init_distributed, token_mean_loss
 from . import checkpointing, cpu_compat, optimizer_state
+from .moe_stats import MoEStats
 from .optimizers import build_optimizer
+
+
+def keep_experts_apart(chunk: torch.nn.Module) -> None:
+    """Routed experts' parameters are expert-parallel at every EP degree, EP=1 included. megatron-core
+    marks them so (allreduce=False) only when EP>1, and then builds a second optimizer for them (a
+    ChainedOptimizer): an EP=2 checkpoint's optimizer state would not load at EP=1. At EP=1 the
+    expert-data-parallel group is the data-parallel group, so reductions and updates are unchanged."""
+    for name, param in chunk.named_parameters():
+        if ".experts." in name and ".shared_experts." not in name:
+            param.allreduce = False
 
 
 class MegatronEngine(Engine):
@@ -42,7 +53,9 @@ class MegatronEngine(Engine):
                 tensor_model_parallel_size=p.tensor_model_parallel_size,
                 pipeline_model_parallel_size=p.pipeline_model_parallel_size,
                 virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
-                context_parallel_size=p.context_parallel_size)
+                context_parallel_size=p.context_parallel_size,
+                expert_model_parallel_size=p.expert_model_parallel_size,
+                expert_tensor_parallel_size=p.expert_tensor_parallel_size)
         self.ps = ps
         torch.manual_seed(cfg.seed)
         model_parallel_cuda_manual_seed(cfg.seed)
@@ -51,6 +64,7 @@ class MegatronEngine(Engine):
         self.model = self._build_model()
         self.optimizer = self._build_optimizer()
         self._wire_grad_hooks()
+        self.moe_stats = MoEStats(cfg, self.model, ps) if cfg.moe.enabled else None
 
     # ---- construction ---------------------------------------------------------------
     def _build_model(self) -> List[torch.nn.Module]:
@@ -73,6 +87,9 @@ class MegatronEngine(Engine):
                 # on the last (norms and softmax stay fp32 inside megatron-core's modules).
                 chunk = Float16Module(self.tconfig, chunk)
             chunks.append(chunk)
+        if cfg.moe.enabled:
+            for chunk in chunks:
+                keep_experts_apart(chunk)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32 or not cfg.precision.half,
             overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
@@ -156,29 +173,38 @@ class MegatronEngine(Engine):
             loss, z_loss = self._mean_losses(outputs, ("lm loss", "z loss"))
         else:
             (loss,), z_loss = self._mean_losses(outputs), None
+        moe = None
+        if self.moe_stats is not None:     # collectives on every rank, whatever the policy decides next
+            moe = self.moe_stats.collect(len(micro_batches), "cpu" if self.on_cpu else torch.cuda.current_device())
+        return self._update(loss, z_loss, approve, moe)
+
+    def _update(self, loss: float, z_loss, approve, moe) -> StepResult:
+        """The optimizer step of train_step, after the forward/backward: unscale, norm, policy, clip, step."""
         opt = self.optimizer
         # ChainedOptimizer.step, opened up so the policy can look between the norm and the update.
         overflow = opt.prepare_grads()               # unscales; on fp16 overflow the scaler backs off
         scale = float(opt.get_loss_scale()) if self.cfg.precision.fp16 else None
         if overflow:
-            return StepResult(loss=loss, grad_norm=None, skipped=True, loss_scale=scale, z_loss=z_loss)
+            return StepResult(loss=loss, grad_norm=None, skipped=True, loss_scale=scale, z_loss=z_loss, moe=moe)
         grad_norm = float(opt.get_grad_norm())
         if approve is not None and not approve(loss, grad_norm):
             return StepResult(loss=loss, grad_norm=grad_norm, skipped=True, loss_scale=scale, rejected=True,
-                              z_loss=z_loss)
+                              z_loss=z_loss, moe=moe)
         for leaf in optimizer_state.leaves(opt):
             params = leaf.get_parameters()
             if params and leaf.config.clip_grad > 0.0:
                 clip_grad_by_total_norm_fp32(params, max_norm=leaf.config.clip_grad, total_norm=grad_norm,
                                              use_decoupled_grad=leaf.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
         ok = opt.step_with_ready_grads()
-        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not ok, loss_scale=scale, z_loss=z_loss)
+        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not ok, loss_scale=scale, z_loss=z_loss, moe=moe)
 
     @torch.no_grad()
     def eval_loss(self, micro_batches) -> float:
         for chunk in self.model:
             chunk.eval()
         outputs = self._forward_backward(micro_batches, forward_only=True)
+        if self.moe_stats is not None:
+            self.moe_stats.forget()
         return self._mean_losses(outputs)[0]
 
     # ---- checkpoints (pretrain/checkpoint.py owns directories and loop state) -----------
@@ -212,7 +238,8 @@ class MegatronEngine(Engine):
     def layout(self) -> dict:
         ps, p = self.ps, self.cfg.parallel
         return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
-                "vpp": p.virtual_pipeline_model_parallel_size, "cp": ps.get_context_parallel_world_size(), "ep": 1,
+                "vpp": p.virtual_pipeline_model_parallel_size, "cp": ps.get_context_parallel_world_size(),
+                "ep": ps.get_expert_model_parallel_world_size(),
                 "dp": self.dp_size, "world_size": dist.get_world_size(),
                 "zero_stage": 1 if p.use_distributed_optimizer else 0,
                 "distributed_optimizer": p.use_distributed_optimizer}
