@@ -28,6 +28,8 @@ CASES = {
     "flex_on_cpu": (["moe.dispatcher=flex"], "moe.dispatcher=flex is DeepEP's CUDA kernels"),
     "dispatcher_name": (["moe.dispatcher=ring"], "moe.dispatcher='ring' is not one of"),
     "capacity_positive": (["moe.capacity_factor=0"], "moe.capacity_factor=0.0 must be > 0"),
+    "expert_tp_alltoall_on_gloo": (["cluster.devices_per_node=4", "parallel.tensor_model_parallel_size=2",
+                                    "parallel.sequence_parallel=true"], "Fix: parallel.expert_tensor_parallel_size=1"),
 }
 
 

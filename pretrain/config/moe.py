@@ -108,5 +108,11 @@ def moe_problems(cfg, world: int, add) -> None:
         if getattr(moe, flag) and on_cpu:
             add(f"moe.{flag}=true needs CUDA kernels (Transformer Engine); cluster.gpu_type=cpu. Fix: "
                 f"moe.{flag}=false on CPU (a GPU recipe may keep it).")
+    if on_cpu and moe.dispatcher == "alltoall" and etp > 1:
+        add(f"expert tensor parallel {etp} (parallel.expert_tensor_parallel_size, default: the TP degree) with "
+            "moe.dispatcher=alltoall on CPU: its all-gather of the experts' tokens over expert TP has uneven sizes, "
+            "which gloo refuses ('ProcessGroupGloo::allgather: invalid tensor size'). Fix: "
+            "parallel.expert_tensor_parallel_size=1 (experts whole on each rank; TP=2 x EP=2 measured equal to "
+            "one process), or a GPU cluster.")
     if moe.dispatcher == "flex" and on_cpu:
         add("moe.dispatcher=flex is DeepEP's CUDA kernels; cluster.gpu_type=cpu. Fix: alltoall or allgather.")
