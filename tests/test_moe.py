@@ -6,6 +6,7 @@ moe-tiny's shapes on gpt-tiny's data, 4 experts top-2, 20 steps, fp32.
 import json
 
 import pytest
+import torch
 
 from pretrain.config import ConfigError, load_recipe
 from pretrain.model.inventory import count_params
@@ -178,3 +179,33 @@ def test_plan_counts_active_parameters_shards_experts_and_the_token_exchange():
                                                                                    rel=1e-3)
     tiny = make_plan(load_recipe("moe-tiny"))["moe"]        # alltoall, EP=2, micro 8 x 128 tokens, 2 micro-batches
     assert tiny["token_exchange_bytes_per_rank_per_step"] == 4 * (8 * 128) * 2 * 192 * (1 / 2) * 4 * 4 * 2
+
+
+# ---- Hugging Face: an EP=2 checkpoint exports to Mixtral --------------------------------------------------
+@pytest.mark.slow
+def test_ep2_checkpoint_exports_to_mixtral_with_equal_logits_and_imports_back(moe_runs, single_rank_megatron,
+                                                                              tmp_path):
+    """The 2-process EP=2 checkpoint -> MixtralForCausalLM (transformers' own class, read back offline): logits
+    within 1e-4 in fp32 and 20 greedy tokens equal ours (tests.test_export.check_parity); import -> export is
+    the identity, byte for byte."""
+    from safetensors.torch import load_file
+
+    from pretrain.hf.convert import export, import_hf
+    from tests.test_export import check_parity
+    exported, cfg = check_parity(moe_runs.root / "ep2-alltoall" / "checkpoints" / f"step_{SAVE_AT:08d}",
+                                 tmp_path / "hf")
+    hf = json.loads((exported / "config.json").read_text())
+    assert hf["architectures"] == ["MixtralForCausalLM"]
+    assert (hf["num_local_experts"], hf["num_experts_per_tok"], hf["intermediate_size"]) == (4, 2, 256)
+    again = export(import_hf(exported, cfg, tmp_path / "imported"), tmp_path / "hf2")
+    first, second = load_file(exported / "model.safetensors"), load_file(again / "model.safetensors")
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_mixtral_export_refuses_what_mixtral_cannot_express():
+    from pretrain.model.hf_mapping import unsupported
+    assert unsupported(load_recipe("moe-tiny")) == [] and unsupported(load_recipe("mixtral-8x7b")) == []
+    deepseek = " ".join(unsupported(load_recipe("deepseek-moe-16b")))
+    assert "shared experts" in deepseek and "every Mixtral layer is MoE" in deepseek
+    assert any("qk_layernorm" in p for p in unsupported(load_recipe("olmoe-1b-7b")))
+    assert any("renormalised" in p for p in unsupported(load_recipe("moe-tiny", ["moe.pre_softmax=true"])))

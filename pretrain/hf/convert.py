@@ -11,7 +11,7 @@ model is held in host memory once (plus the megatron engine's optimizer wrappers
 tokenizer the run trained with is saved beside the weights; export.json says where they
 came from. Recipe features the target architecture cannot express are refused by name.
 
-Import writes a megatron-engine checkpoint (step 0) from an HF GPT-2/Llama directory; start
+Import writes a megatron-engine checkpoint (step 0) from an HF GPT-2/Llama/Mixtral directory; start
 a run from it at any layout with `checkpoint.load=<dir> checkpoint.load_weights_only=true`.
 """
 from __future__ import annotations
@@ -94,8 +94,15 @@ def tokenizer_of(cfg: JobConfig):
 
 
 def hf_model_class(cfg: JobConfig):
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM
-    return GPT2LMHeadModel if cfg.model.arch == "gpt" else LlamaForCausalLM
+    import transformers
+    return getattr(transformers, architecture(cfg))
+
+
+def architecture(cfg: JobConfig) -> str:
+    """The transformers class a recipe exports to."""
+    if cfg.model.arch == "gpt":
+        return "GPT2LMHeadModel"
+    return "MixtralForCausalLM" if cfg.moe.enabled else "LlamaForCausalLM"
 
 
 def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = None) -> Path:
@@ -105,8 +112,7 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
         cfg.data.tokenizer.path = tokenizer_path
     problems = unsupported(cfg)
     if problems:
-        raise ValueError(f"{ck.path}: cannot export to the {'GPT-2' if cfg.model.arch == 'gpt' else 'Llama'} "
-                         "architecture: " + "; ".join(problems))
+        raise ValueError(f"{ck.path}: cannot export to {architecture(cfg)}: " + "; ".join(problems))
     tok = tokenizer_of(cfg)
     state = to_hf(model_state(ck, cfg), cfg, tok.vocab_size)
     model = hf_model_class(cfg)(hf_config(cfg, tok.vocab_size, bos=tok.eod, eos=tok.eod))
@@ -130,7 +136,7 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
 
 
 def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
-    """An HF GPT-2/Llama directory -> a megatron-engine checkpoint (step 0) of recipe `cfg`."""
+    """An HF GPT-2/Llama/Mixtral directory -> a megatron-engine checkpoint (step 0) of recipe `cfg`."""
 
     from transformers import AutoModelForCausalLM
 

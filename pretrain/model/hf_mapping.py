@@ -1,22 +1,31 @@
 """megatron-core GPTModel state dict (one TP=1 model, whole tensors) <-> Hugging Face transformers.
 
 GPT recipes map to GPT-2 (`GPT2LMHeadModel`: learned positions, LayerNorm, exact GELU), Llama
-recipes to Llama (`LlamaForCausalLM`: RoPE, RMSNorm, SwiGLU, GQA). The layouts that differ:
+recipes to Llama (`LlamaForCausalLM`: RoPE, RMSNorm, SwiGLU, GQA), Llama-layout MoE recipes to
+Mixtral (`MixtralForCausalLM`). The layouts that differ:
 * megatron-core's fused QKV holds, per query group, [the group's query heads; its key; its value]
   (rows of head_dim each); HF holds q, k, v separately (GPT-2: one Conv1D [h, 3h] whose columns
   are all q, then all k, then all v).
 * GPT-2's Conv1D stores weights transposed (in x out).
 * SwiGLU's fc1 is [gate; up] -> gate_proj, up_proj.
+* MoE: our router `mlp.router.weight` is Mixtral's `mlp.gate.weight`; our experts are one module
+  each (`mlp.experts.local_experts.<e>.linear_fc1/fc2`), transformers 5 holds them stacked:
+  `mlp.experts.gate_up_proj` [E, 2F, H] (gate rows, then up, as our fc1) and `down_proj` [E, H, F].
+  Routing is the same function: our top-k over logits then a softmax over the k chosen equals
+  Mixtral's softmax over all, top-k, renormalised over the k.
 * The vocabulary is padded (make_vocab_size_divisible_by x TP); HF gets the tokenizer's size.
 Transformer Engine layer specs name fused norms `linear_qkv.layer_norm_*` / `linear_fc1.layer_norm_*`;
-`canonical()` renames them, so checkpoints of either spec export alike.
+`canonical()` renames them (and grouped-GEMM experts' `linear_fc1.weight<e>` to the per-expert names),
+so checkpoints of either spec export alike.
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, Dict, List, Tuple
 
 import torch
 
+from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 
 State = Dict[str, torch.Tensor]
@@ -24,6 +33,7 @@ TE_NAMES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weig
             "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
             "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
             "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
+GROUPED_EXPERT = re.compile(r"mlp\.experts\.(linear_fc[12])\.weight(\d+)$")     # TEGroupedMLP's names
 
 
 def unsupported(cfg: JobConfig) -> List[str]:
@@ -41,6 +51,7 @@ def unsupported(cfg: JobConfig) -> List[str]:
         if cfg.derived.num_query_groups != m.num_attention_heads:
             problems.append("GQA (model.num_query_groups) on the GPT-2 architecture")
     else:
+        problems += moe_unsupported(cfg)
         if m.position_embedding_type != "rope" or m.rotary_percent != 1.0:
             problems.append("Llama needs RoPE on the whole head (model.position_embedding_type=rope, rotary_percent=1)")
         if m.normalization != "RMSNorm" or m.activation != "swiglu" or m.add_bias_linear:
@@ -49,11 +60,30 @@ def unsupported(cfg: JobConfig) -> List[str]:
     return problems
 
 
+def moe_unsupported(cfg: JobConfig) -> List[str]:
+    """What Mixtral cannot express of an MoE recipe (dense recipes: nothing)."""
+    moe, problems = cfg.moe, []
+    if not moe.enabled:
+        return problems
+    if cfg.model.arch != "llama":
+        problems.append("moe.num_experts on the GPT-2 architecture (MoE exports to Mixtral: a Llama-layout recipe)")
+    if moe.first_dense_layers or moe.layer_freq != 1:
+        problems.append("dense layers between MoE layers (moe.first_dense_layers/layer_freq): every Mixtral layer is "
+                        "MoE")
+    if moe.shared_expert_ffn_hidden_size:
+        problems.append("moe.shared_expert_ffn_hidden_size (Mixtral has no shared experts)")
+    if moe.score_function != "softmax" or moe.pre_softmax:
+        problems.append("moe.score_function/pre_softmax: Mixtral's router is a softmax renormalised over the chosen "
+                        "k (score_function=softmax, pre_softmax=false)")
+    return problems
+
+
 def canonical(state: State) -> State:
     out = {}
     for key, value in state.items():
         if key.endswith("_extra_state") or value is None:
             continue
+        key = GROUPED_EXPERT.sub(r"mlp.experts.local_experts.\2.\1.weight", key)
         for te, local in TE_NAMES.items():
             if key.endswith(te):
                 key = key[: -len(te)] + local
@@ -132,19 +162,38 @@ def rules(cfg: JobConfig, vocab_size: int) -> List[Rule]:
             table.append(((f"decoder.final_layernorm.{p}",), (f"transformer.ln_f.{p}",), _same, _same))
     else:
         table.append((("embedding.word_embeddings.weight",), ("model.embed_tokens.weight",), unpad, pad))
+        moe_layers = moe_layer_pattern(cfg.moe, m.num_layers) if cfg.moe.enabled else [0] * m.num_layers
         for i in range(m.num_layers):
             ours, hf = f"decoder.layers.{i}.", f"model.layers.{i}."
             for a, b in (("input_layernorm", "input_layernorm"), ("pre_mlp_layernorm", "post_attention_layernorm"),
-                         ("self_attention.linear_proj", "self_attn.o_proj"), ("mlp.linear_fc2", "mlp.down_proj")):
+                         ("self_attention.linear_proj", "self_attn.o_proj")):
                 table.append(((f"{ours}{a}.weight",), (f"{hf}{b}.weight",), _same, _same))
             table.append(((f"{ours}self_attention.linear_qkv.weight",),
                           tuple(f"{hf}self_attn.{x}_proj.weight" for x in "qkv"), qkv_split, qkv_join))
+            if moe_layers[i]:
+                table += _expert_rules(cfg.moe.num_experts, ours, hf)
+                continue
+            table.append(((f"{ours}mlp.linear_fc2.weight",), (f"{hf}mlp.down_proj.weight",), _same, _same))
             table.append(((f"{ours}mlp.linear_fc1.weight",), (f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight"),
                           lambda w: tuple(w.chunk(2, dim=0)), lambda gate, up: (torch.cat([gate, up]),)))
         table.append((("decoder.final_layernorm.weight",), ("model.norm.weight",), _same, _same))
     if not tied:
         table.append((("output_layer.weight",), ("lm_head.weight",), unpad, pad))
     return table
+
+
+def _expert_rules(experts: int, ours: str, hf: str) -> List[Rule]:
+    """One MoE layer: the router, and E per-expert matrices <-> one stacked tensor per kind."""
+    def stack(*w):
+        return (torch.stack(w),)
+
+    def unstack(w):
+        return tuple(w.unbind(0))
+
+    local = [f"{ours}mlp.experts.local_experts.{e}." for e in range(experts)]
+    return [((f"{ours}mlp.router.weight",), (f"{hf}mlp.gate.weight",), _same, _same),
+            (tuple(f"{x}linear_fc1.weight" for x in local), (f"{hf}mlp.experts.gate_up_proj",), stack, unstack),
+            (tuple(f"{x}linear_fc2.weight" for x in local), (f"{hf}mlp.experts.down_proj",), stack, unstack)]
 
 
 def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
@@ -178,12 +227,19 @@ def hf_config(cfg: JobConfig, vocab_size: int, bos: int, eos: int):
                           initializer_range=m.init_method_std, scale_attn_weights=True,
                           tie_word_embeddings=tied, bos_token_id=bos, eos_token_id=eos,
                           architectures=["GPT2LMHeadModel"])
+    common = dict(vocab_size=vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+                  num_attention_heads=m.num_attention_heads, num_key_value_heads=d.num_query_groups,
+                  head_dim=d.kv_channels, max_position_embeddings=d.max_position_embeddings,
+                  rms_norm_eps=m.layernorm_epsilon,
+                  rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)}, hidden_act="silu",
+                  initializer_range=m.init_method_std, tie_word_embeddings=tied, bos_token_id=bos, eos_token_id=eos)
+    moe = cfg.moe
+    if moe.enabled:
+        from transformers import MixtralConfig
+        return MixtralConfig(intermediate_size=moe.ffn_hidden_size or d.ffn_hidden_size,
+                             num_local_experts=moe.num_experts, num_experts_per_tok=moe.router_topk,
+                             router_aux_loss_coef=moe.aux_loss_coeff, sliding_window=None,
+                             architectures=["MixtralForCausalLM"], **common)
     from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=m.hidden_size, intermediate_size=d.ffn_hidden_size,
-                       num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
-                       num_key_value_heads=d.num_query_groups, head_dim=d.kv_channels,
-                       max_position_embeddings=d.max_position_embeddings, rms_norm_eps=m.layernorm_epsilon,
-                       rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)},
-                       attention_bias=False, mlp_bias=False, hidden_act="silu",
-                       initializer_range=m.init_method_std, tie_word_embeddings=tied, bos_token_id=bos,
-                       eos_token_id=eos, architectures=["LlamaForCausalLM"])
+    return LlamaConfig(intermediate_size=d.ffn_hidden_size, attention_bias=False, mlp_bias=False,
+                       architectures=["LlamaForCausalLM"], **common)
