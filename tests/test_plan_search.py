@@ -8,7 +8,7 @@ import pytest
 
 from pretrain.config import load_recipe
 from pretrain.plan.memory import memory_per_gpu, stage_param_bytes
-from pretrain.plan.perf import group_bandwidth, rates, shape, step_time
+from pretrain.plan.perf import _attention, gemm_seconds, group_bandwidth, layer_gemms, rates, shape, step_time
 from pretrain.plan.published import case_overrides, evaluate_all, load_cases
 from pretrain.plan.search import search
 from tests.conftest import REPO
@@ -57,18 +57,52 @@ def test_step_time_terms_follow_their_formulas():
             + t["pp_p2p"]) / m
     assert t["bubble"] == pytest.approx((pp - 1) / v * slot, rel=1e-9)          # bubble fraction (p-1)/(m v)
     tokens, layers = 8192, 20
-    gemm = 6 * tokens * sh.matmul / 8 / rate.gemm
-    assert t["gemm"] == pytest.approx(m * layers * gemm, rel=1e-9)                 # 6 x tokens x weights / TP
-    assert t["recompute"] == pytest.approx(m * layers * 6 * tokens * tokens * sh.q / 8 / rate.attention / 3,
-                                           rel=1e-9)                            # selective: +1/3 attention
+    g_fwd, g_bwd, _, _ = layer_gemms(sh, tokens, 8, rate, 2)
+    assert t["gemm"] == pytest.approx(m * layers * (g_fwd + g_bwd), rel=1e-9)    # forward, dgrad, wgrad per GEMM
+    # the shape model stays within 15% of 6 x tokens x weights / TP at the matmul ceiling for these large GEMMs
+    assert 1.0 < t["gemm"] / (m * layers * 6 * tokens * sh.matmul / 8 / rate.gemm) < 1.15
+    attn_f, attn_b = _attention(sh, 1, 8192, 1, 8, rate, 2)
+    assert attn_b == pytest.approx(2.5 * attn_f, rel=1e-9)                       # flash backward: 5 matmuls vs 2
+    assert t["recompute"] == pytest.approx(m * layers * attn_f, rel=1e-9)        # selective: core attention forward
     full = load_recipe("llama-70b", ["cluster.nodes=8", "parallel.recompute_granularity=full",
                                      "parallel.virtual_pipeline_model_parallel_size=5", "batch.global_batch_size=128"])
     tf = step_time(full, rate, sh, stage_param_bytes(full))
-    assert tf["gemm"] == pytest.approx(t["gemm"] * 4 / 3, rel=1e-9)
+    assert tf["gemm"] == pytest.approx(t["gemm"] + m * layers * g_fwd, rel=1e-9)  # the forward GEMMs again
     # NVLink inside a node; across nodes the IB rate times the group's members per node
     assert group_bandwidth(rate, 8, 1) == rate.nvlink
     assert group_bandwidth(rate, 16, 8) == rate.ib
     assert group_bandwidth(rate, 16, 2) == min(rate.nvlink, 4 * rate.ib)
+
+
+def test_gemm_waves_epilogue_and_small_shapes():
+    rate = rates(load_recipe("gpt-7b"))          # H100: 132 SMs, 128 x 256 output tiles
+    assert rate.sms == 132
+    full = gemm_seconds(128 * 132, 256, 8192, rate, 0)             # exactly one wave of tiles
+    assert full == pytest.approx(2 * 128 * 132 * 256 * 8192 / rate.gemm, rel=1e-12)
+    one_more = gemm_seconds(128 * 133, 256, 8192, rate, 0)         # one tile more: a second, almost idle wave
+    assert one_more == pytest.approx(2 * full, rel=1e-12)
+    store = gemm_seconds(4096, 4096, 4096, rate, 2) - gemm_seconds(4096, 4096, 4096, rate, 0)
+    assert store == pytest.approx(4096 * 4096 * 2 / rate.hbm, rel=1e-12)      # epilogue writes the output once
+
+    def achieved(m, n, k):
+        return 2 * m * n * k / gemm_seconds(m, n, k, rate, 2) / rate.gemm
+    assert achieved(4096, 2048, 2048) < achieved(8192, 8192, 8192) < 1.0       # small hidden sizes lose more
+    assert achieved(8192, 8192, 8192) > 0.95
+
+
+def test_overlaps_and_unfused_attention():
+    cfg = load_recipe("llama-70b", ["cluster.nodes=8", "parallel.virtual_pipeline_model_parallel_size=5",
+                                    "batch.global_batch_size=128"])
+    sh, params = shape(cfg), stage_param_bytes(cfg)
+    plain = step_time(cfg, rates(cfg), sh, params)
+    over = step_time(cfg, rates(cfg, tp_overlap=True, p2p_overlap=True), sh, params)
+    # TP=8 with SP: each pass keeps its first chunk (1/8) exposed; the GEMMs hide the rest here
+    assert over["tp_comm"] == pytest.approx(plain["tp_comm"] / 8, rel=1e-6)
+    assert over["pp_p2p"] < plain["pp_p2p"] / 5 and over["gemm"] == plain["gemm"]
+    unfused = load_recipe("llama-70b", ["cluster.nodes=8", "parallel.virtual_pipeline_model_parallel_size=5",
+                                        "batch.global_batch_size=128", "model.attention_backend=unfused"])
+    t = step_time(unfused, rates(unfused), shape(unfused), stage_param_bytes(unfused))
+    assert t["attention"] > 1.5 * plain["attention"]        # materialised s x s scores: full square + HBM traffic
 
 
 def test_search_json_from_the_command_line():
@@ -99,12 +133,16 @@ def test_every_published_layout_composes():
 def test_published_layouts_against_the_search():
     rows = evaluate_all()
     assert len(rows) == 29
-    layout_ok = sum(r["layout_ok"] for r in rows) / len(rows)
-    tflops_ok = sum(r["tflops_ok"] for r in rows) / len(rows)
-    both = sum(r["layout_ok"] and r["tflops_ok"] for r in rows) / len(rows)
-    # Measured (docs/planner.md): 19/29 layouts within top 3 or 10%; the modelled throughput is optimistic
-    # (median 1.3x published), so the throughput band holds for fewer. Below the 80% target: see docs.
-    assert layout_ok >= 0.65
-    assert tflops_ok >= 0.35 and both >= 0.25
-    ratios = sorted(r["modelled_tflops"] / r["published_tflops"] for r in rows if r["modelled_tflops"])
-    assert 0.9 <= ratios[0] and ratios[-1] <= 1.9
+    layout_ok = sum(r["layout_ok"] for r in rows)
+    tflops_ok = sum(r["tflops_ok"] for r in rows)
+    both = sum(r["layout_ok"] and r["tflops_ok"] for r in rows)
+    # Measured (docs/planner.md): 25/29 layouts in the top 3 or within 10%, 28/29 throughputs within +-25%,
+    # 24/29 both (83%, the 80%), with hardware.SUSTAINED_FRACTION calibrated on the Megatron-LM cases.
+    assert layout_ok >= 25 and tflops_ok >= 27 and both >= 24
+    calibration = [r for r in rows if r["id"].startswith("mlm-")]
+    ratios = sorted(r["modelled_tflops"] / r["published_tflops"] for r in calibration)
+    assert ratios[4] == pytest.approx(1.0, abs=0.02)                 # the calibration: median 1 on its subset
+    held_out = [r for r in rows if r["id"].startswith(("nemo-", "bridge-"))]     # H100, not used to calibrate
+    assert sum(r["layout_ok"] and r["tflops_ok"] for r in held_out) >= 9
+    ratios = sorted(r["modelled_tflops"] / r["published_tflops"] for r in rows)
+    assert 0.85 <= ratios[0] and ratios[-1] <= 1.3

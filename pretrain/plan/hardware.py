@@ -60,23 +60,41 @@ def device_name_to_type(name: str) -> str:
 #                8x NDR 400 Gb/s ConnectX adapters, one per GPU (DGX user guides): 25 and 50 GB/s
 DEVICES = {
     "A100-SXM":  {"mamf_tflops": 267.9, "hbm_tbps": 2.0, "memory_gib": 79.6, "nvlink_gbps": 300.0,
-                  "ib_gbps": 25.0},
+                  "ib_gbps": 25.0, "sms": 108},
     "H100-SXM":  {"mamf_tflops": 792.1, "hbm_tbps": 3.35, "memory_gib": 79.6, "nvlink_gbps": 450.0,
-                  "ib_gbps": 50.0},
+                  "ib_gbps": 50.0, "sms": 132},
     "H200":      {"mamf_tflops": 792.1, "hbm_tbps": 4.8, "memory_gib": 139.8, "nvlink_gbps": 450.0,
-                  "ib_gbps": 50.0},
+                  "ib_gbps": 50.0, "sms": 132},
     "GH200":     {"mamf_tflops": 821.0, "hbm_tbps": 4.0, "memory_gib": 94.5, "nvlink_gbps": 450.0,
-                  "ib_gbps": 50.0},
+                  "ib_gbps": 50.0, "sms": 132},
 }
+#   sms          streaming multiprocessors: A100 108, H100 SXM 132 (NVIDIA A100 / H100 architecture whitepapers)
 # H200 is an H100 with more and faster HBM (same tensor cores): its MAMF is taken as the H100 SXM's.
-# Stated assumptions (no measurement in the sources above):
-LINK_EFFICIENCY = 0.8        # NCCL reaches ~80% of the link's per-direction rate in large collectives
+# Stated assumptions and their sources:
+LINK_EFFICIENCY = 0.8        # NCCL reaches ~80% of a link's per-direction rate: "450 GB/s is the line rate. With the
+#                              protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370 GB/s" (NCCL
+#                              maintainer, NVIDIA/nccl-tests#212); A100 8-GPU all-reduce busbw ~200-210 GB/s of 300
+#                              (nccl-tests#149, #178), so 0.8 is optimistic there
 COLLECTIVE_LATENCY_S = 5e-6  # per dependent hop of a ring collective, and per p2p call (NCCL latency order)
-ATTENTION_FRACTION = 0.5     # flash attention fwd+bwd at 50% of dense peak: FlashAttention-2 (Dao 2023)
-#                              reaches 50-73% of peak forward on A100, backward lower; FlashAttention-3
-#                              (Shah et al. 2024) reaches 75% forward on H100
-FP8_GEMM_SPEEDUP = 2.0       # FP8 dense peak is 2x bf16 (H100 datasheet: 1,979 vs 989 TFLOP/s); the same
-#                              attainable fraction is assumed (published FP8 cases only; recipes run bf16)
+ATTENTION_FRACTION = {       # flash attention (FlashAttention-2: flash-attn, TE) fwd+bwd as a share of dense peak:
+    "A100-SXM": 0.5,         # FlashAttention-2 (Dao 2023) reaches 50-73% of peak forward on A100, backward lower
+    "H100-SXM": 0.35, "H200": 0.35, "GH200": 0.35,   # FlashAttention-3 (Shah et al. 2024, abstract): "FlashAttention-2
+}                            # achieving only 35% utilization on the H100"; FA3 / cuDNN kernels reach ~75% forward
+SUSTAINED_FRACTION = {       # calibrated, not derived: share of the kernel rates above (MAMF GEMMs, attention) a full
+    "H100-SXM": 0.69, "H200": 0.69, "GH200": 0.69,   # training step sustains: the median published / modelled
+    "A100-SXM": 1.0,         # throughput of the 9 Megatron-LM README H100 cases (calibration subset; docs/planner.md);
+}                            # A100: not calibrated (one source). Candidates: power-capped clocks, NCCL SMs, host time
+ATTENTION_MATMULS = (2, 5)   # flash attention: QK^T, PV forward; backward recomputes QK^T and adds dV, dP, dQ, dK
+#                              (FlashAttention-2, Dao 2023: backward = 2.5x forward FLOPs)
+FP8_GEMM_SPEEDUP = 2.0       # FP8 dense peak is 2x bf16 (H100 datasheet: 1,979 vs 989 TFLOP/s), same attainable
+#                              fraction; the casts (+ transposes for wgrad) are charged as HBM traffic in perf.py
+#                              (published FP8 cases only; recipes run bf16)
+GEMM_TILE = (128, 256)       # output tile (tokens x features) of cuBLAS's large bf16 kernels, one per SM per wave:
+#                              wave quantization as in NVIDIA's "Matrix Multiplication Background" guide, sec. 3.2
+KERNEL_GAP_S = 1e-6          # idle GPU time per kernel launch in a stream of dependent kernels (~1 us: NVIDIA
+#                              developer blog "Getting Started with CUDA Graphs", 2019: 3.8 us per 2.9 us kernel)
+KERNELS_PER_LAYER = 36       # TE transformer layer: ~12 kernels forward (norms, 4 GEMMs, RoPE, attention, bias-
+#                              dropout-adds, activation), ~24 backward (dgrad + wgrad per GEMM)
 
 
 def device(gpu_type: str) -> dict:

@@ -3,14 +3,23 @@
 One pipeline stage's micro-batch (forward + backward of its layers) is timed from first
 principles, then the schedule, data-parallel reduction and optimizer are added:
 
-* GEMMs: 6 x tokens x matmul weights / TP at the device's measured matmul ceiling (MAMF);
-* attention: causal flash attention, 6 b s (s/CP) (heads x head dim) / TP FLOPs (half of the
-  12 s H Q of the PaLM count, which ignores the mask) at ATTENTION_FRACTION of peak;
-* element-wise work (norms, bias-dropout-add, activation, RoPE): memory bound, bytes / HBM;
-* recompute: full repeats the forward (x4/3 GEMM, attention, element-wise, + the forward TP
-  collectives), selective repeats core attention (x4/3 attention);
+* GEMMs: each layer GEMM (and the output layer) as its forward, data-gradient and weight-gradient
+  product at its per-rank shape (tokens x in x out / TP), at the device's measured matmul ceiling
+  (MAMF) times the wave-quantization efficiency of its output tiles over the SMs, plus the epilogue's
+  store of the output at HBM speed (bf16 activations; the weight gradient accumulates into fp32
+  main_grad, read + write) - NVIDIA's Matrix Multiplication Background guide, sec. 3;
+* attention: causal flash attention, forward 2 and backward 5 matmuls of b s (s/CP) (heads x head
+  dim) / TP (half the full-square count for the mask) at ATTENTION_FRACTION of peak; with
+  model.attention_backend=unfused the s x s scores are materialised: the full-square matmuls plus
+  the scores' HBM traffic (softmax, dropout and their backward) per head;
+* element-wise work (norms, bias-dropout-add, activation, RoPE; FP8 casts with transposes): memory
+  bound, bytes / HBM, plus KERNEL_GAP_S per kernel of the layer;
+* recompute: full repeats the forward (GEMMs, attention, element-wise, + the forward TP
+  collectives), selective repeats core attention's forward;
 * TP: 2 all-reduces (or all-gather + reduce-scatter with SP, same bytes) forward and 2
-  backward per layer of tokens x hidden, ring cost 2(t-1)/t bytes / link, not overlapped;
+  backward per layer of tokens x hidden, ring cost 2(t-1)/t bytes / link; with tp_overlap
+  (Transformer Engine userbuffers, --tp-comm-overlap) each collective is chunked behind the GEMM it
+  feeds or follows: only its first chunk (1/t) and what exceeds that GEMM stay exposed;
 * CP: ring exchange of K and V, (c-1) steps forward and 2(c-1) backward, overlapped with the
   attention blocks (Transformer Engine's ring attention): only the excess counts;
 * PP: one send forward and one backward per micro-batch and model chunk; the 1F1B /
@@ -21,22 +30,37 @@ principles, then the schedule, data-parallel reduction and optimizer are added:
   DeepSpeed overlap_comm in the templates); ZeRO-3 gathers weights every micro-batch;
 * optimizer: memory bound, ~34 bytes touched per locally held parameter (Adam, mixed precision).
 
-Links: TP, CP and DP groups within a node use NVLink, groups that span nodes the per-GPU
+Kernel rates on H100 are scaled by hardware.SUSTAINED_FRACTION, the one calibrated constant (its subset and
+procedure: docs/planner.md). Links: TP, CP and DP groups within a node use NVLink, groups that span nodes the per-GPU
 InfiniBand rate times the group's members per node (NCCL runs one ring channel per NIC); Megatron
 rank order: TP fastest, then CP, DP, PP. Rates: hardware.py.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..config.schema import JobConfig
 from ..config.validate import pipeline_stage_layers
 from ..model.inventory import layer_tensors
 from .estimate import flops_per_token
-from .hardware import ATTENTION_FRACTION, COLLECTIVE_LATENCY_S, FP8_GEMM_SPEEDUP, LINK_EFFICIENCY, device, peak_tflops
+from .hardware import (
+    ATTENTION_FRACTION,
+    ATTENTION_MATMULS,
+    COLLECTIVE_LATENCY_S,
+    FP8_GEMM_SPEEDUP,
+    GEMM_TILE,
+    KERNEL_GAP_S,
+    KERNELS_PER_LAYER,
+    LINK_EFFICIENCY,
+    SUSTAINED_FRACTION,
+    device,
+    peak_tflops,
+)
 
 DDP_BUCKET_PARAMS = 40e6   # megatron-core DDP bucket size (parameters); one collective per bucket
 ADAM_BYTES_TOUCHED = 34     # read fp32 master, grad, m, v (16) + write master, m, v (12) + bf16 param (2) + norm (4)
+MAIN_GRAD_BYTES = 8         # weight-gradient GEMM accumulates into the fp32 main_grad: read 4 + write 4 per element
 
 
 @dataclass(frozen=True)
@@ -48,17 +72,24 @@ class Rates:
     ib: float
     peak: float       # dense FLOP/s of the recipe's dtype (for MFU)
     per_node: int
+    sms: int = 132
+    fp8: bool = False
+    tp_overlap: bool = False   # TP collectives chunked behind the GEMMs (TE userbuffers, --tp-comm-overlap)
+    p2p_overlap: bool = False  # interleaved-PP sends / receives behind compute (megatron-core overlap_p2p_comm)
 
 
-def rates(cfg: JobConfig, fp8: bool = False) -> Rates:
+def rates(cfg: JobConfig, fp8: bool = False, tp_overlap: bool = False, p2p_overlap: bool = False) -> Rates:
     dev = device(cfg.cluster.gpu_type)
     half = cfg.precision.half
     peak = peak_tflops(cfg.cluster.gpu_type, half) * 1e12
     bf16 = peak_tflops(cfg.cluster.gpu_type, True) * 1e12
-    gemm = dev["mamf_tflops"] * 1e12 * (peak / bf16) * (FP8_GEMM_SPEEDUP if fp8 else 1.0)
-    return Rates(gemm=gemm, attention=ATTENTION_FRACTION * peak, hbm=dev["hbm_tbps"] * 1e12,
+    sustained = SUSTAINED_FRACTION[cfg.cluster.gpu_type]
+    gemm = dev["mamf_tflops"] * 1e12 * (peak / bf16) * (FP8_GEMM_SPEEDUP if fp8 else 1.0) * sustained
+    attention = ATTENTION_FRACTION[cfg.cluster.gpu_type] * peak * sustained
+    return Rates(gemm=gemm, attention=attention, hbm=dev["hbm_tbps"] * 1e12,
                  nvlink=dev["nvlink_gbps"] * 1e9 * LINK_EFFICIENCY, ib=dev["ib_gbps"] * 1e9 * LINK_EFFICIENCY,
-                 peak=peak, per_node=cfg.cluster.devices_per_node)
+                 peak=peak, per_node=cfg.cluster.devices_per_node, sms=dev["sms"], fp8=fp8, tp_overlap=tp_overlap,
+                 p2p_overlap=p2p_overlap)
 
 
 @dataclass(frozen=True)
@@ -72,14 +103,42 @@ class Shape:
     gate: int
     rope: bool
     seq: int
+    heads: int = 1
+    unfused: bool = False            # attention_backend=unfused: s x s scores materialised
+    attn_dropout: bool = False
+    gemms: tuple = ()                # (out, in, split) of each layer GEMM weight, inventory order
 
 
 def shape(cfg: JobConfig) -> Shape:
     m, d = cfg.model, cfg.derived
-    return Shape(matmul=sum(t.numel for t in layer_tensors(cfg) if t.matmul), hidden=m.hidden_size,
+    tensors = [t for t in layer_tensors(cfg) if t.matmul]
+    return Shape(matmul=sum(t.numel for t in tensors), hidden=m.hidden_size,
                  q=m.num_attention_heads * d.kv_channels, kv=d.num_query_groups * d.kv_channels,
                  ffn=d.ffn_hidden_size, gate=2 if m.activation == "swiglu" else 1,
-                 rope=m.position_embedding_type == "rope", seq=m.seq_length)
+                 rope=m.position_embedding_type == "rope", seq=m.seq_length, heads=m.num_attention_heads,
+                 unfused=m.attention_backend == "unfused", attn_dropout=m.attention_dropout > 0,
+                 gemms=tuple((t.shape[0], t.shape[1], t.split) for t in tensors))
+
+
+def gemm_seconds(m: float, n: float, k: float, rate: Rates, out_bytes: float) -> float:
+    """One GEMM (m x k) @ (k x n): 2mnk FLOPs at the matmul ceiling over the waves its output tiles take
+    (a last partial wave idles the other SMs), plus the epilogue's store of the m x n output at HBM speed."""
+    tiles = math.ceil(m / GEMM_TILE[0]) * math.ceil(n / GEMM_TILE[1])
+    waves = math.ceil(tiles / rate.sms)
+    return 2 * m * n * k / rate.gemm * waves * rate.sms / tiles + m * n * out_bytes / rate.hbm
+
+
+def layer_gemms(sh: Shape, tokens: float, tp: int, rate: Rates, e: int) -> tuple[float, float, float, float]:
+    """(forward, backward) seconds of one layer's GEMMs on one rank, and the elements the forward and
+    backward GEMMs take as inputs (what FP8 casts). Column-parallel ("row" split: output features)
+    and row-parallel ("col": input features) weights are cut by TP."""
+    fwd = bwd = cast_f = cast_b = 0.0
+    for out, inp, split in sh.gemms:
+        n, k = (out / tp, inp) if split == "row" else (out, inp / tp) if split == "col" else (out, inp)
+        fwd += gemm_seconds(tokens, n, k, rate, e)
+        bwd += gemm_seconds(tokens, k, n, rate, e) + gemm_seconds(k, n, tokens, rate, MAIN_GRAD_BYTES)
+        cast_f, cast_b = cast_f + tokens * k, cast_b + tokens * n
+    return fwd, bwd, cast_f, cast_b
 
 
 def group_bandwidth(rate: Rates, members: int, stride: int) -> float:
@@ -98,6 +157,21 @@ def _ring(bytes_: float, n: int, bw: float, factor: float = 1.0, calls: float = 
     return 0.0 if n <= 1 else factor * (n - 1) / n * bytes_ / bw + calls * factor * (n - 1) * COLLECTIVE_LATENCY_S
 
 
+def _attention(sh: Shape, b: int, s: int, cp: int, tp: int, rate: Rates, e: int) -> tuple[float, float]:
+    """(forward, backward) seconds of core attention for one micro-batch on one rank."""
+    if not sh.unfused:   # flash: one causal matmul pass is b s (s/cp) q / tp FLOPs x 2, half the square
+        unit = 2 * b * s * (s / cp) * sh.q / tp / 2 / rate.attention
+        return ATTENTION_MATMULS[0] * unit, ATTENTION_MATMULS[1] * unit
+    # materialised scores (full square, masked after): batched matmuls with K = head dim are bound by
+    # writing / reading the scores; softmax (+ dropout with its 1-byte mask) read and write them
+    scores = b * sh.heads / tp * s * (s / cp)
+    flop = 2 * b * s * (s / cp) * sh.q / tp / rate.gemm
+    drop = (2 * e + 1) * scores if sh.attn_dropout else 0.0
+    fwd = max(2 * flop, 2 * e * scores / rate.hbm) + (2 * e * scores + drop) / rate.hbm
+    bwd = max(4 * flop, 4 * e * scores / rate.hbm) + (3 * e * scores + drop) / rate.hbm
+    return fwd, bwd
+
+
 def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[int, float]]) -> dict:
     """Seconds per optimizer step by component, plus MFU. `stage_params`: memory.stage_param_bytes."""
     p, d = cfg.parallel, cfg.derived
@@ -108,31 +182,43 @@ def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[i
     e = 2 if cfg.precision.half else 4
     tokens = b * s / cp
     rc = p.recompute_granularity
-    r_fwd = 4 / 3 if rc == "full" else 1.0           # forward repeated: work x (1 fwd + 2 bwd + 1 fwd) / 3
-    r_attn = 4 / 3 if rc in ("full", "selective") else 1.0
+    full, again = rc == "full", rc in ("full", "selective")      # forward GEMMs / core attention repeated
 
-    gemm = 6 * tokens * sh.matmul / tp / rate.gemm
-    attn = 6 * b * s * (s / cp) * sh.q / tp / rate.attention
+    g_fwd, g_bwd, cast_f, cast_b = layer_gemms(sh, tokens, tp, rate, e)
+    attn_f, attn_b = _attention(sh, b, s, cp, tp, rate, e)
     replicated = 10 * sh.hidden / (tp if p.sequence_parallel else 1)
     act = (sh.gate + 1) * sh.ffn / tp
     rope = 2 * (sh.q + sh.kv) / tp if sh.rope else 0
-    elem = 3 * tokens * (replicated + act + rope) * e / rate.hbm
+    elem_f = tokens * (replicated + act + rope) * e / rate.hbm + KERNELS_PER_LAYER / 3 * KERNEL_GAP_S
+    elem_b = 2 * tokens * (replicated + act + rope) * e / rate.hbm + KERNELS_PER_LAYER * 2 / 3 * KERNEL_GAP_S
+    if rate.fp8:    # Transformer Engine casts each GEMM input to FP8 and writes a transposed copy for wgrad
+        elem_f, elem_b = elem_f + cast_f * (e + 2) / rate.hbm, elem_b + cast_b * (e + 2) / rate.hbm
     per_node = rate.per_node
     tp_bw = group_bandwidth(rate, tp, 1)
-    tp_calls = (6 if rc == "full" else 4) * (2 if p.sequence_parallel else 1)
-    tp_comm = tp_calls * _ring(tokens * sh.hidden * e, tp, tp_bw, 2.0 / (2 if p.sequence_parallel else 1))
+    sp = p.sequence_parallel
+    one = _ring(tokens * sh.hidden * e, tp, tp_bw, 2.0 / (2 if sp else 1))   # one all-reduce, or one AG / RS
+    calls_f, calls_b = 2 * (2 if sp else 1), 2 * (2 if sp else 1)
+    if rate.tp_overlap and sp and tp > 1:   # chunked behind the GEMMs: first chunk + what the GEMMs cannot hide
+        def hidden(comm, gemm):
+            return comm / tp + max(0.0, comm * (tp - 1) / tp - gemm)
+        tp_comm = hidden(calls_f * one, g_fwd) * (2 if full else 1) + hidden(calls_b * one, g_bwd)
+    else:
+        tp_comm = (calls_f * (2 if full else 1) + calls_b) * one
     cp_bw = group_bandwidth(rate, cp, tp)
     kv_bytes = b * (s / cp) * 2 * sh.kv / tp * e
-    cp_comm = ((4 if rc == "full" else 3) * (cp - 1) * (kv_bytes / cp_bw + COLLECTIVE_LATENCY_S)) if cp > 1 else 0.0
-    cp_exposed = max(0.0, cp_comm - attn * r_attn)
-    layer = {"gemm": gemm * r_fwd, "attention": attn * r_attn, "elementwise": elem * r_fwd, "tp_comm": tp_comm,
-             "cp_comm": cp_exposed}
-    recompute_layer = gemm * (r_fwd - 1) + attn * (r_attn - 1) + elem * (r_fwd - 1)
+    cp_comm = ((4 if full else 3) * (cp - 1) * (kv_bytes / cp_bw + COLLECTIVE_LATENCY_S)) if cp > 1 else 0.0
+    attn = attn_f * (2 if again else 1) + attn_b
+    cp_exposed = max(0.0, cp_comm - attn)
+    layer = {"gemm": g_fwd * (2 if full else 1) + g_bwd, "attention": attn,
+             "elementwise": elem_f * (2 if full else 1) + elem_b, "tp_comm": tp_comm, "cp_comm": cp_exposed}
+    recompute_layer = (g_fwd + elem_f if full else 0.0) + (attn_f if again else 0.0)
 
     layers = pipeline_stage_layers(cfg.model.num_layers, pp, p.num_layers_in_first_pipeline_stage,
                                    p.num_layers_in_last_pipeline_stage)
     vocab = d.padded_vocab_size
-    head = (6 * tokens * sh.hidden * vocab / tp / rate.gemm           # output layer GEMM
+    n_vocab = vocab / tp
+    head = (gemm_seconds(tokens, n_vocab, sh.hidden, rate, e) + gemm_seconds(tokens, sh.hidden, n_vocab, rate, e)
+            + gemm_seconds(sh.hidden, n_vocab, tokens, rate, MAIN_GRAD_BYTES)      # output layer fwd, dgrad, wgrad
             + 4 * 4 * tokens * vocab / tp / rate.hbm)                 # fp32 logits: write, max, exp-sum, grad
     stage_times = [n * sum(layer.values()) + (head if i == pp - 1 else 0.0) for i, n in enumerate(layers)]
     worst = max(range(pp), key=lambda i: stage_times[i])
@@ -142,6 +228,8 @@ def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[i
     pp_bw = rate.nvlink if tp * cp * dp < per_node else rate.ib
     p2p_bytes = tokens * sh.hidden * e / (tp if p.sequence_parallel else 1)
     p2p = 2 * v * (p2p_bytes / pp_bw + COLLECTIVE_LATENCY_S) if pp > 1 else 0.0
+    if rate.p2p_overlap and v > 1:   # each chunk's transfers run behind the next chunk's compute: only the excess
+        p2p = 2 * v * COLLECTIVE_LATENCY_S + max(0.0, p2p - 2 * v * COLLECTIVE_LATENCY_S - t_mb)
     slot = t_mb + p2p
     bubble = (pp - 1) / v * slot
 

@@ -53,7 +53,11 @@ def case_overrides(case: dict) -> list[str]:
 
 def evaluate(case: dict) -> dict:
     cfg = load_recipe(case["recipe"], case_overrides(case))
-    found = search(cfg, case["gpus"], fp8=bool(case.get("fp8")), keep_all=True, top=1, allow=case.get("allow"))
+    allow = dict(case.get("allow") or {})
+    dp_overlap = allow.pop("dp_overlap", [True])[0]     # a software property, not a layout field
+    overlap = bool(case.get("comm_overlap"))            # TE userbuffers TP overlap + interleaved-PP p2p overlap
+    found = search(cfg, case["gpus"], fp8=bool(case.get("fp8")), tp_overlap=overlap, p2p_overlap=overlap,
+                   dp_overlap=dp_overlap, keep_all=True, top=1, allow=allow or None)
     results = found["results"]
     keys = [k for k in KEYS if k in case["layout"]]
     want = tuple(case["layout"][k] for k in keys)

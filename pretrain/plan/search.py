@@ -47,15 +47,15 @@ class Layout:
     mbs: int
     recompute: Optional[str]
 
-    def apply(self, cfg: JobConfig) -> None:
-        """Write this layout into a config (in place)."""
+    def apply(self, cfg: JobConfig, dp_overlap: bool = True) -> None:
+        """Write this layout into a config (in place); `dp_overlap`: megatron overlaps the DP collectives."""
         p = cfg.parallel
         p.engine = self.engine
         p.tensor_model_parallel_size, p.pipeline_model_parallel_size = self.tp, self.pp
         p.virtual_pipeline_model_parallel_size, p.context_parallel_size = self.vpp, self.cp
         p.sequence_parallel, p.use_distributed_optimizer = self.sp, self.dist_opt
-        p.overlap_grad_reduce = self.engine == "megatron"
-        p.overlap_param_gather = self.dist_opt
+        p.overlap_grad_reduce = self.engine == "megatron" and dp_overlap
+        p.overlap_param_gather = self.dist_opt and dp_overlap
         p.recompute_granularity, p.recompute_method, p.recompute_num_layers = self.recompute, "uniform", 1
         p.num_layers_in_first_pipeline_stage = p.num_layers_in_last_pipeline_stage = None
         cfg.deepspeed.zero_stage = self.zero
@@ -132,11 +132,15 @@ def overrides(base: JobConfig, cfg: JobConfig) -> list[str]:
     return out
 
 
-def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, margin: float = MEMORY_MARGIN,
-           keep_all: bool = False, top: int = 5, allow: Optional[dict] = None) -> dict:
+def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, tp_overlap: bool = False,
+           p2p_overlap: bool = False, dp_overlap: bool = True, margin: float = MEMORY_MARGIN, keep_all: bool = False,
+           top: int = 5, allow: Optional[dict] = None) -> dict:
     """Enumerate, validate, fit and rank. Returns counts, the device budget and the ranked results
     (`top` of them, or all that fit with keep_all). `allow` ({field: [values]}) restricts the space,
-    e.g. to what a published system's software offered."""
+    e.g. to what a published system's software offered. `fp8` / `tp_overlap` / `p2p_overlap`: time GEMMs in FP8,
+    TP collectives overlapped with GEMMs, interleaved-PP sends overlapped with compute (published systems only;
+    the engines here run none of them); `dp_overlap`
+    False: gradients reduced after the backward pass (Megatron-LM's local DDP of 2021)."""
     experts = getattr(getattr(base, "moe", None), "num_experts", None)
     if experts:
         raise ConfigError([f"moe.num_experts={experts}: the layout search models dense layers only (EP, expert "
@@ -152,7 +156,7 @@ def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, ma
     # derive() from walking a batch ramp over the whole token budget for every layout.
     scratch.schedule.train_iters, scratch.schedule.train_tokens = 1, None
     derive(scratch)
-    rate, sh = rates(scratch, fp8=fp8), shape(scratch)
+    rate, sh = rates(scratch, fp8=fp8, tp_overlap=tp_overlap, p2p_overlap=p2p_overlap), shape(scratch)
     cache: dict = {}
     counts = {"enumerated": 0, "valid": 0, "fit": 0}
     rejected: dict[str, int] = {}
@@ -163,7 +167,7 @@ def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, ma
             continue
         counts["enumerated"] += 1
         scratch.model.transformer_impl = model_impl
-        layout.apply(scratch)
+        layout.apply(scratch, dp_overlap)
         try:
             validate(scratch)
         except ConfigError as err:
@@ -181,7 +185,7 @@ def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, ma
     results.sort(key=lambda r: (r.time["step"], r.layout.tp * r.layout.pp * r.layout.cp, r.layout.recompute or ""))
     shown = results if keep_all else results[:top]
     for r in shown[:top]:
-        r.layout.apply(scratch)
+        r.layout.apply(scratch, dp_overlap)
         scratch.model.transformer_impl = model_impl if r.layout.cp == 1 else "transformer_engine"
         r.overrides = overrides(base, scratch)
     return {"gpus": gpus, "gpu_type": base.cluster.gpu_type, "memory_budget_gib": round(budget, 2),
