@@ -103,6 +103,8 @@ class TokenizerSpec(TokenizerConfig):
     train: bool = doc(False, "Train a byte-level BPE on the train split instead of loading.")
     vocab_size: int = doc(4096, "Vocabulary size when training.")
     min_frequency: int = doc(2, "Minimum pair frequency when training.")
+    fim_sentinels: bool = doc(False, "When training, also add the fill-in-the-middle sentinels <fim_prefix> "
+                                     "<fim_middle> <fim_suffix> <fim_pad> as special tokens (data.fim).")
 
 
 @dataclass

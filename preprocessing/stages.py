@@ -44,7 +44,7 @@ from .markers import Marker, fingerprint, print_summary
 from .normalize import ExactDedup, normalize_text
 from .records import BadInput, read_documents, write_jsonl
 from .tokenize_indexed import merge_indexed, tokenize_to_indexed
-from .tokenizer_io import load_tokenizer, train_bpe
+from .tokenizer_io import FIM_SENTINELS, load_tokenizer, train_bpe
 
 SPLITS = ("train", "valid", "test")
 StageFn = Callable[[PreprocessConfig, Optional[int]], dict]
@@ -192,10 +192,14 @@ def split_stage(cfg: PreprocessConfig, src: Path, work: Path) -> Dict[str, Path]
 def tokenizer_stage(cfg: PreprocessConfig, train_split: Path):
     spec = cfg.tokenizer
     if spec.train:
-        marker = Marker(Path(spec.path).parent, "tokenizer", fingerprint(_settings(spec), [train_split]))
+        settings = _settings(spec)
+        if not spec.fim_sentinels:      # off: the fingerprint of tokenizers trained before the field existed
+            settings.pop("fim_sentinels")
+        marker = Marker(Path(spec.path).parent, "tokenizer", fingerprint(settings, [train_split]))
         if marker.done() is None:
             texts = (json.loads(line)[cfg.input.text_field] for line in open(train_split, encoding="utf-8"))
-            tok = train_bpe(texts, spec.vocab_size, spec.min_frequency, spec.path)
+            tok = train_bpe(texts, spec.vocab_size, spec.min_frequency, spec.path,
+                            FIM_SENTINELS if spec.fim_sentinels else ())
             marker.mark({"vocab_size": tok.vocab_size}, outputs=[spec.path])
     return load_tokenizer(spec.type, spec.path, threads=cfg.tokenize.workers)
 

@@ -21,6 +21,8 @@ from typing import Iterable, Iterator, List, Optional
 from common.digest import file_digest
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
+# Fill-in-the-middle sentinels (Megatron-LM / bigcode FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FIM_PAD): pretrain/fim.py
+FIM_SENTINELS = ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>")
 
 
 def detect_type(path: str | Path) -> str:
@@ -64,8 +66,10 @@ class HFTokenizer:
         """tokenizer.json + transformers config (for exports and AutoTokenizer)."""
         from transformers import PreTrainedTokenizerFast
         eod = self.tok.id_to_token(self.eod)
-        PreTrainedTokenizerFast(tokenizer_object=self.tok, eos_token=eod, bos_token=eod,
-                                unk_token=eod).save_pretrained(str(directory))
+        # the other special tokens (FIM sentinels) listed too, so transformers treats them as special
+        extra = [t.content for t in self.tok.get_added_tokens_decoder().values() if t.special and t.content != eod]
+        PreTrainedTokenizerFast(tokenizer_object=self.tok, eos_token=eod, bos_token=eod, unk_token=eod,
+                                additional_special_tokens=extra).save_pretrained(str(directory))
 
 
 class SentencePieceTokenizer:
@@ -133,13 +137,15 @@ def load_tokenizer(kind: Optional[str], path: str | Path, threads: int = 2):
     raise ValueError(f"tokenizer type {kind!r}: use gpt2, hf or sentencepiece")
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir: str | Path) -> HFTokenizer:
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir: str | Path,
+              extra_special: Iterable[str] = ()) -> HFTokenizer:
+    """Byte-level BPE of `vocab_size` ids in all: <|endoftext|> (id 0), then `extra_special` (ids 1...), then merges."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=["<|endoftext|>"],
+                                  special_tokens=["<|endoftext|>", *extra_special],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=True)
     tok.train_from_iterator(texts, trainer=trainer)

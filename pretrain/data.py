@@ -25,6 +25,8 @@ from preprocessing.blend import read_blend
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
 from .engines.base import MicroBatch
+from .fim import with_fim
+from .packing import uses_mask
 
 
 @dataclass
@@ -71,15 +73,17 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
                                data=data_version([p for split in blend_per_split if split for p in split[0]]))
         cache = cfg.data.cache_dir or str(blend_path.parent / "cache")
 
+    docs = cfg.data.document_mask           # per-document attention and positions (pretrain/packing.py)
+
     def build(blends, sizes):
         config = GPTDatasetConfig(
             random_seed=cfg.seed, sequence_length=cfg.model.seq_length, blend_per_split=blends,
-            path_to_cache=cache, tokenizer=tok, reset_position_ids=False, reset_attention_mask=False,
-            eod_mask_loss=False, create_attention_mask=False, mmap_bin_files=True)
+            path_to_cache=cache, tokenizer=tok, reset_position_ids=docs, reset_attention_mask=docs,
+            eod_mask_loss=cfg.data.eod_mask_loss, create_attention_mask=uses_mask(cfg), mmap_bin_files=True)
         if cfg.data.mock:
             config.mock = True
         cls = MockGPTDataset if cfg.data.mock else GPTDataset
-        return BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank, config).build()
+        return with_fim(cfg, BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank, config).build())
 
     phases = cfg.data.mix_phases
     if not phases:
@@ -99,7 +103,8 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
 
 
 def collate(samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
-    keys = ("tokens", "labels", "loss_mask", "position_ids")
+    keys = ("tokens", "labels", "loss_mask", "position_ids") + (("attention_mask",) if "attention_mask" in samples[0]
+                                                                 else ())
     return {k: torch.stack([s[k] for s in samples]) for k in keys}
 
 

@@ -16,6 +16,7 @@ from omegaconf import MISSING
 from common.config import doc
 from preprocessing.config import TokenizerConfig
 
+from .fim import FimConfig
 from .moe import MoEConfig
 
 
@@ -190,6 +191,11 @@ class DataConfig:
                                   "(preprocessing/conf/<name>.yaml, or a YAML file).")
     mix_phases: list[MixPhase] = doc(None, "Data-mix schedule: train-source weights per phase, replacing the blend's "
                                      "train weights; empty keeps them fixed.", factory=list)
+    fim: FimConfig = doc(None, "Fill-in-the-middle transform of the samples (pretrain/fim.py).", factory=FimConfig)
+    document_mask: bool = doc(False, "Each document in a packed sample attends only to itself, positions restart "
+                                     "after EOD (CPU: s x s mask; GPUs: thd with TE). pretrain/packing.py.")
+    eod_mask_loss: bool = doc(False, "Do not score the target predicted from an EOD token (the next document's "
+                                     "first token).")
 
 
 @dataclass

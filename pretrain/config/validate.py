@@ -11,8 +11,10 @@ from common.slurm_values import sbatch_problems
 from ..engines import ENGINES
 from ..engines.deepspeed.ds_config import load_template, problems, template_path
 from ..optim import OPTIMIZERS
+from ..packing import document_mask_problems
 from ..schedules import LR_SCHEDULES, WSD_SHAPES
 from .derive import batch_ramp
+from .fim import fim_problems
 from .moe import moe_problems
 from .schema import DTYPES, DeepSpeedConfig, JobConfig
 
@@ -191,6 +193,8 @@ def validate(cfg: JobConfig) -> None:
             f"{max(stages)}.")
 
     moe_problems(cfg, world, add)
+    fim_problems(cfg, add)
+    document_mask_problems(cfg, add)
 
     # Engines
     if p.engine == "deepspeed":

@@ -24,6 +24,11 @@ from ..optim import OPTIMIZERS
 GIB = 1024**3
 
 
+def doc_mask(cfg: JobConfig) -> bool:
+    """data.document_mask's explicit s x s mask path (CPU); on GPUs the thd path keeps no mask."""
+    return cfg.data.document_mask and cfg.cluster.gpu_type == "cpu"
+
+
 def _bytes_per_element(cfg: JobConfig) -> int:
     return 2 if cfg.precision.half else 4
 
@@ -62,7 +67,8 @@ def activation_bytes_per_layer(cfg: JobConfig, granularity: str | None = "recipe
     if moe:
         mlp = _moe_mlp_bytes(cfg, s * b / sp, e)
     core = 0.0
-    flash = m.attention_backend in ("flash", "fused", "auto")
+    # data.document_mask on CPU materialises the scores whatever the backend says (pretrain/packing.py)
+    flash = m.attention_backend in ("flash", "fused", "auto") and not doc_mask(cfg)
     if granularity != "selective" and not flash:
         # softmax output, plus dropout mask and output when attention dropout is on
         drop = (1 + e) if m.attention_dropout > 0 else 0
@@ -138,6 +144,8 @@ def memory_per_gpu(cfg: JobConfig, cache: dict | None = None) -> dict:
         activations = stage_layers * max(1, in_flight - i) * (interleave if i == 0 else 1.0)
         if p.recompute_granularity == "full":   # the recomputed group's working set in backward
             activations += activation_bytes_per_layer(cfg, None) * min(layers[i], p.recompute_num_layers)
+        if doc_mask(cfg):                        # one bool [b, 1, s, s] mask per micro-batch, shared by the layers
+            activations += s * s * b * max(1, in_flight - i)
         if i == pp - 1:                          # fp32 logits for the cross entropy
             activations += 4 * s * b * d.padded_vocab_size / tp
         stage = {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": activations}

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ...config.schema import JobConfig
+from ...packing import model_inputs, uses_thd
 from ..base import Engine, StepResult
 from ..common import exempt_from_weight_decay, init_distributed, token_mean_loss
 from . import cpu_compat
@@ -157,8 +158,10 @@ class DeepSpeedEngine(Engine):
 
     def _micro_losses(self, batch: Dict[str, torch.Tensor]):
         z = self.cfg.model.z_loss_coeff
-        batch = {k: v.to(self._device(), non_blocking=True) for k, v in batch.items()}
-        output = self.ds(batch["tokens"], batch["position_ids"], None, labels=None if z else batch["labels"])
+        batch = model_inputs({k: v.to(self._device(), non_blocking=True) for k, v in batch.items()},
+                             uses_thd(self.cfg, self.on_cpu))                # data.document_mask: pretrain/packing.py
+        output = self.ds(batch["tokens"], batch["position_ids"], batch["attention_mask"],
+                         labels=None if z else batch["labels"], packed_seq_params=batch["packed_seq_params"])
         return token_mean_loss(z, batch["loss_mask"], batch["labels"], output)
 
     def _mean_over_dp(self, values: List[torch.Tensor]) -> List[float]:

@@ -22,6 +22,7 @@ from megatron.core.transformer.module import Float16Module
 from ...config.schema import JobConfig
 from ...model.gpt import build_gpt_model, transformer_config
 from ...model.init import layout_invariant_init
+from ...packing import model_inputs, scored_tokens, uses_thd
 from ..base import Engine, StepResult
 from ..common import init_distributed, token_mean_loss
 from . import checkpointing, cpu_compat, optimizer_state
@@ -65,6 +66,8 @@ class MegatronEngine(Engine):
         self.optimizer = self._build_optimizer()
         self._wire_grad_hooks()
         self.moe_stats = MoEStats(cfg, self.model, ps) if cfg.moe.enabled else None
+        if cfg.data.document_mask or cfg.data.eod_mask_loss:
+            self._log(f"[data] {scored_tokens(cfg)}")
 
     # ---- construction ---------------------------------------------------------------
     def _build_model(self) -> List[torch.nn.Module]:
@@ -121,10 +124,13 @@ class MegatronEngine(Engine):
 
         z_coeff = self.cfg.model.z_loss_coeff
 
+        thd = uses_thd(self.cfg, self.on_cpu)     # data.document_mask on GPUs: one packed row per micro-batch
+
         def forward_step(data_iterator, model):
-            batch = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
+            batch = model_inputs({k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}, thd)
             labels = None if z_coeff else batch["labels"]       # with z-loss the logits come back
-            output = model(batch["tokens"], batch["position_ids"], None, labels=labels)
+            output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=labels,
+                           packed_seq_params=batch["packed_seq_params"])
             return output, partial(token_mean_loss, z_coeff, batch["loss_mask"], batch["labels"])
 
         vpp = self.cfg.parallel.virtual_pipeline_model_parallel_size
@@ -132,8 +138,9 @@ class MegatronEngine(Engine):
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iterator,
             model=self.model if len(self.model) > 1 else self.model[0],
-            num_microbatches=len(micro_batches), seq_length=self.cfg.model.seq_length,
-            micro_batch_size=self.cfg.batch.micro_batch_size, forward_only=forward_only)
+            num_microbatches=len(micro_batches), forward_only=forward_only,   # PP p2p shapes: [s, b, h] or [b*s, 1, h]
+            seq_length=self.cfg.model.seq_length * (self.cfg.batch.micro_batch_size if thd else 1),
+            micro_batch_size=1 if thd else self.cfg.batch.micro_batch_size)
 
     def _mean_losses(self, outputs, keys=("lm loss",)) -> List[float]:
         """`keys` on the last PP stage averaged over micro-batches and DP, shared with all ranks:
