@@ -112,20 +112,30 @@ def moe_tp2_ep2(root, runs):
                               "schedule.train_iters=8", f"schedule.lr_decay={STEPS}"]}
 
 
+def assert_equal_where_routed_alike(ours: list, ref: list, tol: float, flips_allowed: int) -> None:
+    """Per step: the same tokens per expert in every layer (logged) -> losses within `tol`. Another layout sums in
+    another order, so router logits differ by float rounding and, at a near-tie, top-k sends a token (1 in
+    2,048 measured) to another expert: that step's loss moves by 1e-6..1e-4. Such steps are counted, not
+    compared at `tol`; at most `flips_allowed`, each within 1e-3."""
+    flips = [r["step"] for r, q in zip(ref, ours, strict=True) if r["moe_layers"] != q["moe_layers"]]
+    for r, q in zip(ref, ours, strict=True):
+        bound = 1e-3 if r["step"] in flips else tol
+        assert abs(q["loss"] - r["loss"]) < bound, (r["step"], q["loss"], r["loss"], flips)
+    assert len(flips) <= flips_allowed, flips
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["ep2-alltoall", "ep2-allgather", "ep1-dp2"])
 def test_expert_parallel_layouts_equal_one_process(moe_reference, moe_runs, layout):
-    ref, ours = [r["loss"] for r in moe_reference["ep1"]], [r["loss"] for r in moe_runs(layout)]
-    assert len(ours) == STEPS and ref[-1] < ref[0] - 0.5                              # it learns
-    for step, (a, b) in enumerate(zip(ours, ref, strict=True), start=1):
-        assert abs(a - b) < 1e-6, (layout, step, a, b)
+    ref, ours = moe_reference["ep1"], moe_runs(layout)
+    assert len(ours) == STEPS and ref[-1]["loss"] < ref[0]["loss"] - 0.5                # it learns
+    assert_equal_where_routed_alike(ours, ref, 1e-6, flips_allowed=3)
 
 
 @pytest.mark.slow
 def test_tensor_and_expert_parallel_on_four_processes_equal_one_process(moe_reference, moe_tp2_ep2):
-    ref, ours = [r["loss"] for r in moe_reference["ep1"][:8]], [r["loss"] for r in moe_tp2_ep2("tp2-ep2")]
-    for step, (a, b) in enumerate(zip(ours, ref, strict=True), start=1):
-        assert abs(a - b) < 1e-5, (step, a, b)      # 4.1e-6 measured over 20 steps: TP splits the reductions
+    # TP splits the reductions as well: 4.1e-6 measured where the routing matched
+    assert_equal_where_routed_alike(moe_tp2_ep2("tp2-ep2"), moe_reference["ep1"][:8], 1e-5, flips_allowed=1)
 
 
 @pytest.mark.slow
@@ -153,8 +163,7 @@ def test_moe_resume_is_exact_and_an_ep2_checkpoint_continues_at_ep1(moe_runs, mo
     assert [r["step"] for r in resumed] == [r["step"] for r in uninterrupted] == list(range(SAVE_AT + 1, STEPS + 1))
     assert [r["loss"] for r in resumed] == [r["loss"] for r in uninterrupted]
     assert [r["step"] for r in resharded] == list(range(SAVE_AT + 1, STEPS + 1))
-    for a, b in zip(resharded, uninterrupted, strict=True):
-        assert abs(a["loss"] - b["loss"]) < 1e-6, (a["step"], a["loss"], b["loss"])
+    assert_equal_where_routed_alike(resharded, uninterrupted, 1e-6, flips_allowed=1)
     meta = json.loads((moe_runs.root / "ep2-alltoall" / "checkpoints" / f"step_{SAVE_AT:08d}" / "meta.json")
                       .read_text())
     assert meta["engine_state"]["layout"]["ep"] == 2
