@@ -99,6 +99,8 @@ def ablation_run(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     with open_dict(cfg):
         cfg.run_dir = hc.runtime.output_dir
+        if cfg.logging.group is None:          # W&B group / MLflow tag: the sweep's runs together
+            cfg.logging.group = Path(hc.sweep.dir).name
     try:
         job = finalize(cfg, hc.job.config_name)
     except ConfigError as err:

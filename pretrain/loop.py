@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.profiler as tp
 
+from evals.inloop import DownstreamEvals
+
 from .checkpoint import CheckpointStore, Decision, agreed_load
 from .config import to_yaml
 from .config.derive import batch_ramp
@@ -36,6 +38,7 @@ from .provenance import versions
 from .recovery import Recovery
 from .schedules import lr_at
 from .stability import SpikeGuard
+from .straggler import StragglerDetector
 from .watchdog import Watchdog, inject_hang
 
 
@@ -77,6 +80,7 @@ class Trainer:
             self.train_batches = StepBatches(train, cfg.batch.micro_batch_size, engine.dp_rank, engine.dp_size)
         self.valid, self.test = valid, test
         self.metrics = Metrics(cfg, self.run_dir, engine.is_logging_rank())
+        self.downstream = DownstreamEvals.from_config(cfg, engine, self.metrics)
         self.history: List[dict] = []
         c = cfg.checkpoint
         self.store = CheckpointStore(c.dir or self.run_dir / "checkpoints", c.keep_last, log=self.log,
@@ -87,6 +91,7 @@ class Trainer:
         self.guard = SpikeGuard(cfg)
         self.faults_fired: set = set()
         self.preemption = PreemptionFlag(self.run_dir / "preempt.flag")
+        self.straggler = StragglerDetector(cfg, self.metrics)     # times data wait and compute; straggler.*
 
     def log(self, text: str) -> None:
         if self.engine.is_logging_rank():
@@ -251,6 +256,8 @@ class Trainer:
                 self.metrics.event({"kind": "nonfinite_validation", "step": st.step, "loss": valid})
                 self.rollback("nonfinite_validation")
                 return False
+        if self.downstream is not None and self.downstream.due(st.step, final):
+            self.downstream.run(st.step)          # the weights the save below writes (evals/inloop.py)
         due = (interval > 0 and st.step % interval == 0) or (final and cfg.checkpoint.save_final)
         if due and self.saved_step != st.step and not self.save(valid):
             self.rollback("nonfinite_weights")
@@ -318,9 +325,12 @@ class Trainer:
                     inject_hang()
                 global_batch = self.ramp.global_batch(st.consumed_samples)
                 lr = self.lr(st, global_batch)
+                self.straggler.begin()
                 micro = self.train_batches.micro_batches(st.consumed_samples, global_batch)
                 self._inject_faults(micro, st.step + 1, rank)
+                self.straggler.compute(st.step + 1)
                 result = self.engine.train_step(micro, lr, approve=functools.partial(self.guard.approve, st.step + 1))
+                self.straggler.end(st.step + 1)          # every straggler.interval steps: all-gather, judge
                 self.engine.finalize_saves(blocking=False)
                 if self.guard.event:
                     self.metrics.event(self.guard.event, rank=rank)

@@ -1,4 +1,5 @@
-"""Metrics of the loop: a human-readable line, TensorBoard, and <run_dir>/metrics.jsonl.
+"""Metrics of the loop: a human-readable line, <run_dir>/metrics.jsonl and the experiment trackers
+(`logging.trackers`: TensorBoard, W&B, MLflow; pretrain/trackers/).
 
 Throughput: tokens/s over the logging window; model TFLOP/s per device =
 flops_per_token (planner's 6N + 12·L·s·H·Q, pretrain/plan/estimate.py) x tokens/s / devices;
@@ -63,15 +64,16 @@ class Metrics:
         self.devices = cfg.derived.world_size
         self.window_start, self.window_tokens, self.window_samples = time.perf_counter(), 0, 0
         self.skipped_total = 0
-        self.writer = None
-        self.jsonl = None
-        if enabled:
+        self.jsonl = self.trackers = None
+        if enabled:        # only the logging rank talks to trackers
             run_dir.mkdir(parents=True, exist_ok=True)
             self.jsonl = open_appending(run_dir / "metrics.jsonl")
             self.events = open_appending(run_dir / "events.jsonl")
-            if cfg.logging.tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
-                self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            from omegaconf import OmegaConf
+
+            from .trackers.fanout import Trackers
+            config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+            self.trackers = Trackers(cfg, run_dir, config, self.event)
 
     def reset_window(self) -> None:
         self.window_start, self.window_tokens, self.window_samples = time.perf_counter(), 0, 0
@@ -101,7 +103,7 @@ class Metrics:
             record["mix_weights"] = mix_weights
         self.reset_window()
         if self.enabled:
-            self._write(record)
+            self.record(record)
             mfu = f" mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
             gn = f"{record['grad_norm']:.3f}" if record["grad_norm"] is not None else "n/a"
             mem = f" | mem {record['memory_gib']:.2f} GiB" if record["memory_gib"] is not None else ""
@@ -114,12 +116,12 @@ class Metrics:
     def evaluation(self, step: int, split: str, loss: float) -> dict:
         record = {"kind": split, "step": step, "loss": loss, "ppl": math.exp(min(loss, 50.0)), "time": time.time()}
         if self.enabled:
-            self._write(record)
+            self.record(record)
             print(f"{split} step {step}: loss {loss:.4f} | ppl {record['ppl']:.2f}", flush=True)
         return record
 
     def event(self, record: dict, rank: Optional[int] = None) -> None:
-        """An event (stability, resume, preemption): <run_dir>/events.jsonl and TensorBoard from the logging
+        """An event (stability, resume, preemption): <run_dir>/events.jsonl and the trackers from the logging
         rank; a console line from the logging rank, or from every rank that passes its `rank` (so each
         rank's view of the decision is visible)."""
         record = dict(record, time=time.time())
@@ -130,31 +132,29 @@ class Metrics:
         if self.enabled:
             self.events.write(json.dumps(record) + "\n")
             self.events.flush()
-            if self.writer:
-                self.writer.add_scalar(f"events/{record['kind']}", 1, record["step"])
-                # the scalar marks when; the text keeps what (which checkpoint, why) beside the curves
-                self.writer.add_text(f"events/{record['kind']}", json.dumps(record), record["step"])
-                self.writer.flush()
+            if self.trackers:
+                self.trackers.event(record)
 
-    def _write(self, record: dict) -> None:
+    def log_scalars(self, step: int, values: dict) -> None:
+        """Extra scalars {name: number} at `step` for every tracker (TensorBoard included), from the logging
+        rank (others: nothing); not written to metrics.jsonl. Name them '<area>/<metric>'."""
+        if self.trackers:
+            self.trackers.scalars(step, values)
+
+    def record(self, record: dict) -> None:
+        """A record (its "kind", "step" and numbers) to metrics.jsonl and every tracker, from the logging rank
+        (others: nothing). Straggler checks and downstream evals write theirs through it."""
+        if not self.enabled:
+            return
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
-        if self.writer:
-            step = record["step"]
-            for key, value in record.items():
-                if key not in ("kind", "step", "time") and isinstance(value, (int, float)) and value is not None:
-                    self.writer.add_scalar(f"{record['kind']}/{key}", value, step)
-            for j, weight in enumerate(record.get("mix_weights") or []):
-                self.writer.add_scalar(f"data/mix_weight_source{j}", weight, step)
-            for layer, counts in (record.get("moe_layers") or {}).items():      # tokens per expert, per layer
-                self.writer.add_scalars(f"moe/layer{layer}_tokens_per_expert",
-                                        {f"expert{e}": c for e, c in enumerate(counts)}, step)
-            self.writer.flush()
+        if self.trackers:
+            self.trackers.record(record)
 
     def close(self) -> None:
+        if self.trackers:            # first: a tracker failing on close is still written to events.jsonl
+            self.trackers.close()
         if self.jsonl:
             self.jsonl.close()
             self.events.close()
-        if self.writer:
-            self.writer.close()
         sys.stdout.flush()

@@ -13,7 +13,7 @@ from tests.training import SETS, SessionRuns
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 WANTED_RUNS = pytest.StashKey[set]()
-PREFETCH_BIGBENCH = ["winowhy"]         # the BIG-bench task tests/test_evals.py makes (its TASKS)
+PREFETCH_BIGBENCH = ["winowhy", "hyperbaton"]   # the BIG-bench tasks test_evals.py and test_inloop_evals.py make
 PREFETCH: dict = {}
 # session fixtures (tests.training.shared_runs) that several test modules read
 ds_runs, layout_runs, reference_run = training.ds_runs, training.layout_runs, training.reference_run

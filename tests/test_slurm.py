@@ -157,13 +157,17 @@ def job_info(job_id) -> dict:
     return {**dict(re.findall(r"(\w+)=(\S*)", out)), "JobName": re.search(r"JobName=(.*)$", out, flags=re.M).group(1)}
 
 
-def wait_for(job_id, timeout=420) -> dict:
-    """Until the job ends. A requeued job waits ~120 s for its BeginTime: start it now."""
+def wait_for(job_id, timeout=420, on_pending=None) -> dict:
+    """Until the job ends. A requeued job waits ~120 s for its BeginTime: start it now. `on_pending(info)`
+    sees every pending state first."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         info = job_info(job_id)
         if info["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
             return info
+        if info["JobState"] == "PENDING" and on_pending is not None:
+            on_pending(info)
+            info = job_info(job_id)
         if info["JobState"] == "PENDING" and info.get("Reason") == "BeginTime":
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
         time.sleep(1)
@@ -188,14 +192,24 @@ def test_jobs_train_and_a_usr1_job_requeues_and_resumes_to_the_same_loss(slurm, 
     plain = submitted(make_pretrain("gpt-tiny", f"{common} run_dir='{plain_dir}' name='tiny {nasty}' "
                                                 f"+cluster.env.NOTE='\"{nasty}\"' logging.tensorboard=true",
                                   RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"))   # sbatch exports the submitter's env
-    usr1 = submitted(make_pretrain("gpt-tiny", f"{common} run_dir={usr1_dir} name=usr1 cluster.health_check=false"))
+    bad = tmp_path / "bad_nodes.txt"
+    usr1 = submitted(make_pretrain("gpt-tiny", f"{common} run_dir={usr1_dir} name=usr1 cluster.health_check=false "
+                                               f"cluster.bad_nodes_file={bad}"))
     for _ in range(600):                       # a few steps in, send what SLURM sends before the time limit
         steps = train_losses(usr1_dir) if (usr1_dir / "metrics.jsonl").exists() else {}
         if steps and max(steps) >= 4:
             break
         time.sleep(0.2)
     subprocess.run(["scancel", "--batch", "--signal=USR1", usr1], check=True)
-    info_plain, info_usr1 = wait_for(plain), wait_for(usr1)
+    host = socket.gethostname().split(".")[0]
+    bad.write_text(f"{host}  # found bad while the job ran (a persistent straggler, say)\n")
+    excluded = []
+
+    def readmit(info):                         # the one node excluded from the restart: let it back in
+        if info.get("ExcNodeList") not in (None, "(null)"):
+            excluded.append(info["ExcNodeList"])
+            subprocess.run(["scontrol", "update", f"JobId={usr1}", "ExcNodeList="], check=True)
+    info_plain, info_usr1 = wait_for(plain), wait_for(usr1, on_pending=readmit)
     log_plain = (plain_dir / "logs" / f"slurm-{plain}.out").read_text()
     log_usr1 = (usr1_dir / "logs" / f"slurm-{usr1}.out").read_text()
     assert info_plain["JobState"] == "COMPLETED", log_plain[-3000:]
@@ -209,6 +223,7 @@ def test_jobs_train_and_a_usr1_job_requeues_and_resumes_to_the_same_loss(slurm, 
     assert list((plain_dir / "tensorboard").glob("events.out.tfevents.*"))
     # the signalled job: checkpoint, requeue, resume, the same losses to the end
     assert "USR1 received" in log_usr1 and "requeueing (restart 1" in log_usr1 and "resumed from" in log_usr1
+    assert excluded[:1] == [host] and f"the restart excludes {host}" in log_usr1     # the requeue excluded it
     events = [json.loads(x) for x in (usr1_dir / "events.jsonl").read_text().splitlines()]
     preempted = [e for e in events if e["kind"] == "preempted"]
     assert len(preempted) == 1 and 4 <= preempted[0]["step"] < STEPS

@@ -18,6 +18,7 @@ from preprocessing.config import TokenizerConfig
 
 from .fim import FimConfig
 from .moe import MoEConfig
+from .straggler import StragglerConfig
 
 
 @dataclass
@@ -253,13 +254,24 @@ class FaultConfig:
     nan_weights_at_step: int = doc(-1, "Rank fault.rank's first parameter becomes NaN before this step (silent "
                                        "data corruption); -1 never.")
     poison_at_step: int = doc(-1, "Every rank's labels at this step are random tokens (a loss spike); -1 never.")
+    slow_rank_ms: float = doc(0.0, "Rank fault.rank busy-waits this long in each step's compute (a straggler); 0 "
+                                   "off.")
+    slow_from_step: int = doc(1, "First step (1-based) that fault.slow_rank_ms slows.")
+    tracker_fails_at_step: int = doc(-1, "Every tracker but TensorBoard raises when it logs this step (0: at its "
+                                         "start); -1 never.")
     rank: int = doc(0, "Global rank the injected fault hits.")
 
 
 @dataclass
 class LoggingConfig:
     log_interval: int = doc(10, "Steps between metric lines, TensorBoard points and metrics.jsonl records.")
-    tensorboard: bool = doc(True, "Write TensorBoard events to <run_dir>/tensorboard.")
+    tensorboard: bool = doc(True, "TensorBoard in <run_dir>/tensorboard; false drops 'tensorboard' from trackers "
+                                  "(the older switch).")
+    trackers: list[str] = doc(None, "Experiment trackers: any of 'tensorboard', 'wandb', 'mlflow' "
+                                    "(docs/observability.md).", factory=lambda: ["tensorboard"])
+    project: str = doc("pretrain", "W&B project and MLflow experiment of the run.")
+    group: Optional[str] = doc(None, "W&B group / MLflow tag 'group' (make ablate: the sweep); null: none.")
+    mlflow_tracking_uri: Optional[str] = doc(None, "MLflow tracking URI; null: file store <run_dir>/mlruns.")
     log_memory: bool = doc(True, "Log max allocated GPU memory (RSS on CPU).")
 
 
@@ -268,6 +280,11 @@ class EvalConfig:
     eval_interval: int = doc(1000, "Steps between validation runs; 0 disables in-loop validation.")
     eval_iters: int = doc(10, "Batches per validation run.")
     final_test: bool = doc(True, "Report test-split perplexity at the end of training.")
+    downstream_tasks: list[str] = doc(None, "In-loop lm-eval multiple-choice tasks (evals/inloop.py), e.g. "
+                                      "[bigbench_hyperbaton]; empty: none.", factory=list)
+    downstream_interval: int = doc(0, "Steps between downstream evals (and at the end); 0: at each validation.")
+    downstream_limit: Optional[int] = doc(None, "First N documents of each task (lm-eval's --limit); null: all.")
+    downstream_tasks_dir: str = doc("data/evals/tasks", "Where `make eval-data` wrote the task YAML + JSONL.")
 
 
 @dataclass
@@ -349,6 +366,7 @@ class JobConfig:
     checkpoint: CheckpointConfig = doc(None, "Checkpointing.", factory=CheckpointConfig)
     stability: StabilityConfig = doc(None, "Hang detection and timeouts.", factory=StabilityConfig)
     fault: FaultConfig = doc(None, "Injected faults for tests and fire drills (off by default).", factory=FaultConfig)
+    straggler: StragglerConfig = doc(None, "Slow-rank detection (pretrain/straggler.py).", factory=StragglerConfig)
     logging: LoggingConfig = doc(None, "Metrics and TensorBoard.", factory=LoggingConfig)
     eval: EvalConfig = doc(None, "Validation and test evaluation.", factory=EvalConfig)
     profile: ProfileConfig = doc(None, "torch.profiler capture.", factory=ProfileConfig)

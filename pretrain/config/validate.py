@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from common.config import ConfigError
 from common.slurm_values import sbatch_problems
+from evals.inloop import downstream_problems
 
 from ..engines import ENGINES
 from ..engines.deepspeed.ds_config import load_template, problems, template_path
 from ..optim import OPTIMIZERS
 from ..packing import document_mask_problems
 from ..schedules import LR_SCHEDULES, WSD_SHAPES
+from ..trackers import tracker_problems
 from .derive import batch_ramp
 from .fim import fim_problems
 from .moe import moe_problems
 from .schema import DTYPES, DeepSpeedConfig, JobConfig
+from .straggler import straggler_problems
 
 CHOICES = {
     "model.arch": ("gpt", "llama"),
@@ -193,8 +196,11 @@ def validate(cfg: JobConfig) -> None:
             f"{max(stages)}.")
 
     moe_problems(cfg, world, add)
+    tracker_problems(cfg, add)
+    straggler_problems(cfg, add)
     fim_problems(cfg, add)
     document_mask_problems(cfg, add)
+    downstream_problems(cfg, add)
 
     # Engines
     if p.engine == "deepspeed":

@@ -7,6 +7,7 @@ optimizer, the parallel layout and the bytes of a checkpoint. Engines register b
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,19 @@ class StepResult:
     rejected: bool = False      # skipped because the loop's spike policy said so
     z_loss: Optional[float] = None   # mean z-loss term (model.z_loss_coeff > 0), not included in `loss`
     moe: Optional[dict] = None       # MoE router losses and expert load (pretrain/engines/megatron/moe_stats.py)
+
+
+def label_logprobs(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """log softmax(logits)[labels] over ids < vocab_size, [b, s], from vocab-parallel logits [b, s, v/tp]. The
+    rows past the tokenizer's vocabulary (padding to make_vocab_size_divisible_by) are left out, as the HF
+    export has none; megatron-core's vocab-parallel cross entropy reduces over TP."""
+    from megatron.core import tensor_parallel
+    from megatron.core.parallel_state import get_tensor_model_parallel_rank
+    logits = logits.float().clone()                 # the cross entropy works in place
+    start = get_tensor_model_parallel_rank() * logits.shape[-1]
+    if start + logits.shape[-1] > vocab_size:
+        logits[..., max(0, vocab_size - start):] = -math.inf
+    return -tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
 
 
 def same_placement(saved: dict, now: dict) -> bool:
@@ -58,6 +72,12 @@ class Engine(ABC):
     @abstractmethod
     def eval_loss(self, micro_batches: List[MicroBatch]) -> float:
         """Mean token loss over the micro-batches of all DP ranks, without gradients."""
+
+    def token_logprobs(self, micro_batches: List[MicroBatch], vocab_size: int) -> torch.Tensor:
+        """log p(labels[t] | tokens[:t+1]) at every position of this rank's micro-batches (tokens, labels,
+        position_ids), softmax over the first `vocab_size` ids: [n, micro_batch, seq] fp32 on the CPU, the same
+        on every rank of a model replica, no gradients. In-loop downstream evals (evals/inloop.py) use it."""
+        raise NotImplementedError(f"the {self.name} engine has no token_logprobs: eval.downstream_tasks needs it")
 
     # ---- checkpoints (pretrain/checkpoint.py owns directories, meta.json and loop state) -----------
     @abstractmethod

@@ -18,6 +18,7 @@ from typing import Any, Dict, List
 
 from ... import REPO_ROOT
 from ...config.schema import JobConfig
+from ...trackers import active_trackers
 
 DS_CONFIGS = REPO_ROOT / "ds_configs"
 AUTO = "auto"
@@ -138,7 +139,7 @@ def render(cfg: JobConfig, on_cpu: bool) -> dict:
         if zero.get(section) == AUTO:
             on = getattr(cfg.deepspeed, section)
             zero[section] = {"device": "cpu", "pin_memory": True} if on else {"device": "none"}
-    if cfg.logging.tensorboard:
+    if "tensorboard" in active_trackers(cfg):
         # DeepSpeed's own monitor (loss scale, samples, its timers) beside the loop's metrics.
         config.setdefault("tensorboard", {"enabled": True, "output_path": str(Path(cfg.run_dir) / "tensorboard"),
                                           "job_name": "deepspeed"})

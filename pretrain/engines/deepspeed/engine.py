@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ...config.schema import JobConfig
 from ...packing import model_inputs, uses_thd
-from ..base import Engine, StepResult
+from ..base import Engine, StepResult, label_logprobs
 from ..common import exempt_from_weight_decay, init_distributed, token_mean_loss
 from . import cpu_compat
 from .ds_config import render
@@ -224,6 +224,18 @@ class DeepSpeedEngine(Engine):
         self.ds.eval()
         losses = [self._micro_losses(b)[1]["lm loss"] for b in micro_batches]
         return self._mean_over_dp([torch.stack(losses).double().mean()])[0]
+
+    @torch.no_grad()
+    def token_logprobs(self, micro_batches, vocab_size: int) -> torch.Tensor:
+        """Engine.token_logprobs (PP=1 here). Under ZeRO-3 every forward gathers parameters over DP: the
+        caller gives every DP rank the same number of micro-batches."""
+        self.ds.eval()
+        out = []
+        for batch in micro_batches:
+            batch = {k: v.to(self._device()) for k, v in batch.items()}
+            out.append(label_logprobs(self.ds(batch["tokens"], batch["position_ids"], None), batch["labels"],
+                                      vocab_size))
+        return torch.stack(out).cpu()
 
     # ---- checkpoints (pretrain/checkpoint.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:

@@ -23,7 +23,7 @@ from ...config.schema import JobConfig
 from ...model.gpt import build_gpt_model, transformer_config
 from ...model.init import layout_invariant_init
 from ...packing import model_inputs, scored_tokens, uses_thd
-from ..base import Engine, StepResult
+from ..base import Engine, StepResult, label_logprobs
 from ..common import init_distributed, token_mean_loss
 from . import checkpointing, cpu_compat, optimizer_state
 from .moe_stats import MoEStats
@@ -213,6 +213,37 @@ class MegatronEngine(Engine):
         if self.moe_stats is not None:
             self.moe_stats.forget()
         return self._mean_losses(outputs)[0]
+
+    @torch.no_grad()
+    def token_logprobs(self, micro_batches, vocab_size: int) -> torch.Tensor:
+        """Engine.token_logprobs: the last PP stage takes them from its vocab-parallel logits (plain causal
+        rows: no document mask, no packing) and broadcasts them down the pipeline."""
+        for chunk in self.model:
+            chunk.eval()
+        ps, device = self.ps, "cpu" if self.on_cpu else torch.cuda.current_device()
+        rows, seq = micro_batches[0]["tokens"].shape
+
+        def forward_step(data_iterator, model):
+            batch = {k: v.to(device) for k, v in next(data_iterator).items()}
+            logits = model(batch["tokens"], batch["position_ids"], None)
+            return logits, lambda out: (torch.zeros((), device=device),
+                                        {"logprobs": label_logprobs(out, batch["labels"], vocab_size)})
+
+        vpp = self.cfg.parallel.virtual_pipeline_model_parallel_size
+        outputs = get_forward_backward_func()(
+            forward_step_func=forward_step, num_microbatches=len(micro_batches), seq_length=seq,
+            data_iterator=iter(micro_batches) if not vpp else [iter(micro_batches) for _ in range(vpp)],
+            model=self.model if len(self.model) > 1 else self.model[0], micro_batch_size=rows, forward_only=True)
+        if self.moe_stats is not None:
+            self.moe_stats.forget()
+        if ps.is_pipeline_last_stage(ignore_virtual=True):
+            result = torch.stack([o["logprobs"] for o in outputs])
+        else:
+            result = torch.empty((len(micro_batches), rows, seq), dtype=torch.float32, device=device)
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            dist.broadcast(result, src=ps.get_pipeline_model_parallel_last_rank(),
+                           group=ps.get_pipeline_model_parallel_group())
+        return result.cpu()
 
     # ---- checkpoints (pretrain/checkpoint.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:
