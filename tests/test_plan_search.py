@@ -26,7 +26,8 @@ def _composes(recipe, result, gpus):
     assert memory_per_gpu(cfg)["total"] == pytest.approx(result.memory["total"], rel=1e-9)
 
 
-@pytest.mark.parametrize("recipe,gpus", [("gpt-7b", 8), ("gpt-7b", 64), ("llama-70b", 64)])
+@pytest.mark.parametrize("recipe,gpus", [("gpt-7b", 8), ("gpt-7b", 64), ("gpt-7b", 512), ("llama-70b", 64),
+                                         ("llama-70b", 512)])   # the searches docs/planner.md prints
 def test_top_layouts_compose_and_validate(recipe, gpus):
     found = search(load_recipe(recipe), gpus, top=3)
     assert found["counts"]["fit"] >= 3 and found["counts"]["valid"] <= found["counts"]["enumerated"]
