@@ -73,11 +73,11 @@ class Engine(ABC):
     def eval_loss(self, micro_batches: List[MicroBatch]) -> float:
         """Mean token loss over the micro-batches of all DP ranks, without gradients."""
 
+    @abstractmethod
     def token_logprobs(self, micro_batches: List[MicroBatch], vocab_size: int) -> torch.Tensor:
         """log p(labels[t] | tokens[:t+1]) at every position of this rank's micro-batches (tokens, labels,
         position_ids), softmax over the first `vocab_size` ids: [n, micro_batch, seq] fp32 on the CPU, the same
         on every rank of a model replica, no gradients. In-loop downstream evals (evals/inloop.py) use it."""
-        raise NotImplementedError(f"the {self.name} engine has no token_logprobs: eval.downstream_tasks needs it")
 
     # ---- checkpoints (pretrain/checkpoint.py owns directories, meta.json and loop state) -----------
     @abstractmethod
