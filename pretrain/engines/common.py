@@ -58,6 +58,28 @@ def token_mean_loss(z_coeff: float, loss_mask: torch.Tensor, labels: torch.Tenso
     return loss, {"lm loss": loss.detach().clone()}   # megatron's schedule divides `loss` in place
 
 
+def context_parallel_loss(group, z_coeff: float, loss_mask: torch.Tensor, labels: torch.Tensor,
+                          output: torch.Tensor):
+    """token_mean_loss under context parallelism (GPUs; Transformer Engine): each rank of the CP `group` holds
+    2 of the 2*CP chunks of every sequence (megatron-core's get_batch_on_this_cp_rank). As Megatron-LM's
+    loss_func: the token count is all-reduced over the group so each rank's masked sum is divided by the whole
+    sequence's count, the backward loss is scaled by CP (the gradients are averaged over DP x CP), and the
+    reported means are summed over the group. Written against Megatron-LM; not run here (CPU has no CP)."""
+    mask = loss_mask.view(-1).float()
+    if z_coeff:
+        ce, z = lm_and_z_loss(output, labels, z_coeff)
+        terms = {"lm loss": ce.reshape(-1), "z loss": z.reshape(-1)}
+    else:
+        terms = {"lm loss": output.float().view(-1)}
+    total = mask.sum().detach().clone()
+    dist.all_reduce(total, group=group)
+    means = {name: torch.sum(t * mask) / total for name, t in terms.items()}
+    reported = {name: m.detach().clone() for name, m in means.items()}
+    for value in reported.values():
+        dist.all_reduce(value, group=group)
+    return sum(means.values()) * dist.get_world_size(group), reported
+
+
 def exempt_from_weight_decay(name: str, kinds: List[str]) -> bool:
     """optim.no_weight_decay_on: 'bias', 'norm' (any *norm* module's params), 'embedding'."""
     leaf = name.rsplit(".", 2)

@@ -18,13 +18,14 @@ from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer.module import Float16Module
+from megatron.core.utils import get_batch_on_this_cp_rank
 
 from ...config.schema import JobConfig
 from ...model.gpt import build_gpt_model, transformer_config
 from ...model.init import layout_invariant_init
 from ...packing import model_inputs, scored_tokens, uses_thd
 from ..base import Engine, StepResult, label_logprobs
-from ..common import init_distributed, token_mean_loss
+from ..common import context_parallel_loss, init_distributed, token_mean_loss
 from . import checkpointing, cpu_compat, optimizer_state
 from .moe_stats import MoEStats
 from .optimizers import build_optimizer
@@ -125,13 +126,17 @@ class MegatronEngine(Engine):
         z_coeff = self.cfg.model.z_loss_coeff
 
         thd = uses_thd(self.cfg, self.on_cpu)     # data.document_mask on GPUs: one packed row per micro-batch
+        cp = ps.get_context_parallel_world_size()
+        loss_func = partial(context_parallel_loss, ps.get_context_parallel_group()) if cp > 1 else token_mean_loss
 
         def forward_step(data_iterator, model):
             batch = model_inputs({k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}, thd)
+            if cp > 1:              # this rank's 2 of the 2*CP sequence chunks, as Megatron-LM's get_batch
+                batch = get_batch_on_this_cp_rank(batch)
             labels = None if z_coeff else batch["labels"]       # with z-loss the logits come back
             output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=labels,
                            packed_seq_params=batch["packed_seq_params"])
-            return output, partial(token_mean_loss, z_coeff, batch["loss_mask"], batch["labels"])
+            return output, partial(loss_func, z_coeff, batch["loss_mask"], batch["labels"])
 
         vpp = self.cfg.parallel.virtual_pipeline_model_parallel_size
         iterator = iter(micro_batches) if not vpp else [iter(micro_batches) for _ in range(vpp)]
