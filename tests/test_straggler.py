@@ -107,12 +107,11 @@ SLOW_MS = 200
 
 @shared_runs(nproc=2)
 def straggler_runs(root, runs):
-    """12 steps of gpt-tiny on DP=2 with detection and rank 1 slowed, and the same without either; 8 steps
+    """12 steps of gpt-tiny on DP=2 with detection and rank 1 slowed; 8 steps
     on PP=2 with rank 1 slowed (each stage has one rank: no peer to be slower than)."""
     slow = ["straggler.interval=4", "fault.rank=1", f"fault.slow_rank_ms={SLOW_MS}"]
     return {"slow": SHORT + slow + ["straggler.persist=2", "straggler.write_bad_nodes=true",
                                     f"cluster.bad_nodes_file={root / 'bad_nodes.txt'}"],
-            "plain": SHORT,
             "pp2": ["schedule.train_iters=8", "parallel=pp2"] + slow}
 
 
@@ -125,7 +124,7 @@ def test_a_slow_rank_is_named_with_its_host_and_listed_as_a_bad_node(straggler_r
     assert [(e["step"], e["rank"], e["host"], e["part"]) for e in flags] == \
         [(4, 1, host, "compute"), (8, 1, host, "compute"), (12, 1, host, "compute")], events
     for e in flags:      # rank 1's extra SLOW_MS per step, less what rank 0's own work varies by
-        assert e["busy_s"] - e["median_s"] > SLOW_MS / 1000 * 0.75 and e["ratio"] > 1.3, e
+        assert e["busy_s"] - e["median_s"] > SLOW_MS / 1000 * 0.5 and e["ratio"] > 1.3, e
     persistent = [e for e in events if e["kind"] == "straggler_persistent"]
     assert [(e["step"], e["rank"], e["added"]) for e in persistent] == [(8, 1, True)]
     assert bad_nodes(straggler_runs.root / "bad_nodes.txt") == [host]
@@ -142,12 +141,15 @@ def test_pipeline_stages_are_not_compared_with_each_other(straggler_runs):
     checks = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     checks = [c for c in checks if c["kind"] == "straggler"]
     assert [(c["step"], c["max_ratio"], c["flagged"]) for c in checks] == [(4, 1.0, 0), (8, 1.0, 0)]
-    assert checks[-1]["compute_max_s"] - checks[-1]["compute_median_s"] > SLOW_MS / 1000 * 0.75    # slowed
+    assert checks[-1]["compute_max_s"] - checks[-1]["compute_median_s"] > SLOW_MS / 1000 * 0.5    # slowed
     assert not (run / "events.jsonl").read_text().strip()
 
 
 @pytest.mark.slow
-def test_detection_and_the_slow_rank_leave_the_losses_unchanged(straggler_runs):
-    slow, plain = ([r["loss"] for r in straggler_runs(name)] for name in ("slow", "plain"))
-    assert len(slow) == 12 and slow == plain
-    assert not (straggler_runs.root / "plain" / "events.jsonl").read_text().strip()
+def test_detection_and_the_slow_rank_leave_the_losses_unchanged(straggler_runs, reference):
+    """The slowed, checked DP=2 run against the 1-process reference (same 20-step LR schedule): within the
+    layout tolerance of tests/test_train_layouts.py, so timing and the checks' collectives change nothing."""
+    slow, ref = [r["loss"] for r in straggler_runs("slow")], [r["loss"] for r in reference[:12]]
+    assert len(slow) == 12
+    for step, (a, b) in enumerate(zip(slow, ref, strict=True), start=1):
+        assert abs(a - b) < 1e-5, (step, a, b)
