@@ -129,10 +129,10 @@ compare: $(STAMP)  ## RUNS="runs/a runs/b" [OUTPUT=compare.png]: loss / val-ppl 
 	$(PY) -m evals.compare
 
 ckpt-info: $(STAMP)  ## CKPT=<dir>: step, tokens, layout, precision of a checkpoint; config diff against RECIPE
-	$(PY) -m pretrain.ckpt_info
+	$(PY) -m pretrain.checkpoint.info
 
 report: $(STAMP)  ## RUN=<run_dir>: steps, tokens, restarts, spikes, rollbacks, throughput; <run_dir>/report.png
-	$(PY) -m pretrain.report
+	$(PY) -m pretrain.observability.report
 
 clean:  ## remove runs/ and outputs (keeps data/ and .venv)
 	rm -rf runs outputs multirun

@@ -3,7 +3,7 @@
 Draws training loss against tokens and validation perplexity against tokens, one curve per
 run in each panel (matplotlib PNG), and prints a table of final metrics: steps, tokens, last
 train/valid/test loss, validation perplexity, median tokens/s and MFU. Reads each run's
-metrics.jsonl only (pretrain/report.py's summary), so it works while runs are still going and
+metrics.jsonl only (pretrain/observability/report.py's summary), so it works while runs are still going and
 without torch or any experiment tracker installed.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import List, Tuple
 
-from pretrain.report import _jsonl, summarize
-from pretrain.report_plot import last_per_step
+from pretrain.observability.report import _jsonl, summarize
+from pretrain.observability.report_plot import last_per_step
 
 COLUMNS = ("steps", "tokens", "train_loss", "valid_loss", "valid_ppl", "test_loss", "median_tokens_per_s", "mfu")
 
@@ -38,7 +38,7 @@ def table(runs: List[Path]) -> Tuple[str, List[dict]]:
 
 def figure(runs: List[Path]):
     """(figure, (training-loss axes, validation-perplexity axes), number of curves drawn). A resumed or
-    rolled-back run logs some steps twice: each step's last record is drawn (pretrain/report_plot.py)."""
+    rolled-back run logs some steps twice: each step's last record is drawn (pretrain/observability/report_plot.py)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

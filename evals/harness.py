@@ -71,7 +71,7 @@ def evaluate(run_dir: str | Path, tasks: List[str] | None = None, step: Optional
              limit: Optional[int] = None, batch_size: int = 8, bootstrap_iters: int = 1000,
              tasks_dir: Path = TASKS_DIR) -> Path:
     os.environ.update(OFFLINE)
-    from pretrain.checkpoint import resolve
+    from pretrain.checkpoint.store import resolve
     from pretrain.hf.convert import config_of
     run_dir = Path(run_dir)
     ck = resolve(run_dir / "checkpoints" / f"step_{step:08d}" if step is not None else run_dir / "checkpoints")

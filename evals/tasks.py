@@ -27,6 +27,13 @@ from typing import Dict, Iterable, List
 
 import yaml
 
+from common.cli import split_overrides
+from common.config import ConfigError
+from preprocessing.blend import read_blend
+from preprocessing.fetch import CACHE, download
+from pretrain.config.compose import load_recipe
+from pretrain.data.tokenizer import load
+
 TASKS_DIR = Path("data/evals/tasks")
 BIGBENCH_TASKS = Path("data/cache/bigbench-1.0.0")       # <task>/task.json, taken out of the sdist once
 BIGBENCH = "bigbench==1.0.0"
@@ -50,7 +57,6 @@ def bigbench_task_files(names: Iterable[str], cache: Path = BIGBENCH_TASKS,
 
 def extract_bigbench_tasks(names: List[str], cache: Path, registry: Path | None = None) -> None:
     """benchmark_tasks/<task>/task.json of each name, out of the sdist into <cache>/<task>/task.json."""
-    from preprocessing.fetch import CACHE, download
     wanted = {f"bigbench-1.0.0/bigbench/benchmark_tasks/{n}/task.json": n for n in names}
     sdist = download(BIGBENCH, "sdist", registry or CACHE)
     found = set()
@@ -99,8 +105,6 @@ def heldout_records(blend: str | Path) -> tuple[str, List[dict]]:
     """(split used, [{"text"}]) decoded from the blend's test (else valid) split."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    from preprocessing.blend import read_blend
-    from preprocessing.tokenizer_io import load_tokenizer
     blend = Path(blend)
     splits = read_blend(blend)
     split = "test" if splits.get("test") else "valid"
@@ -109,7 +113,7 @@ def heldout_records(blend: str | Path) -> tuple[str, List[dict]]:
     info = json.loads(blend.read_text()).get("tokenizer", {})
     if not info.get("path"):
         raise ValueError(f"{blend}: its tokenizer section has no path; held-out text cannot be decoded.")
-    tok = load_tokenizer(info.get("type"), info["path"])
+    tok = load(info.get("type"), info["path"])
     eod = info.get("eod")
     records = []
     for prefix in splits[split][0]:
@@ -177,8 +181,6 @@ def main() -> int:
                         help="recipe whose data.blend gives the held-out perplexity task")
     parser.add_argument("--output", default=os.environ.get("OUTPUT") or str(TASKS_DIR))
     args = parser.parse_args()
-    from common.cli import split_overrides
-    from pretrain.config import ConfigError, load_recipe
     try:
         out = Path(args.output)
         write_bigbench([t.strip() for t in args.tasks.split(",") if t.strip()], out)

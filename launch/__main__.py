@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import List, Optional
 
 from common.cli import env_flag, split_overrides
+from common.config import ConfigError
 from launch.preprocess import dry_run as preprocess_scripts
 from launch.preprocess import dry_run_local, submit_pipeline
+from launch.slurm import render, submit
 from preprocessing.cli import load_config
 from preprocessing.pipeline import run_pipeline
-from pretrain.config import ConfigError, config_diff, load_recipe, to_yaml
-from pretrain.lifetime import RunDirBusy, check_free
+from pretrain.config.compose import config_diff, load_recipe, to_yaml
+from pretrain.stability.lifetime import RunDirBusy, check_free
 
 
 def missing_blend_config(job):
@@ -111,7 +113,6 @@ def launch_local(job, run_dir: Path) -> int:
 
 def launch_slurm(job, run_dir: Path, after: Optional[str] = None) -> int:
     """sbatch the training job; `after`: the preprocessing job it waits for (afterok)."""
-    from launch.slurm import render, submit
     script = run_dir / "launch.sbatch"
     script.write_text(render(job, run_dir))
     (run_dir / "logs").mkdir(exist_ok=True)
@@ -166,7 +167,7 @@ def main() -> int:
         return 2
     try:
         # A live trainer's directory is neither moved away (another config) nor given a new config.yaml.
-        # The lock itself is the trainer's (pretrain/lifetime.py): SLURM jobs never pass through here.
+        # The lock itself is the trainer's (pretrain/stability/lifetime.py): SLURM jobs never pass through here.
         check_free(run_dir)
     except RunDirBusy as busy:
         print(f"REFUSED: {busy}", file=sys.stderr)
@@ -188,7 +189,6 @@ def main() -> int:
 def print_dry_run(job, recipe: str, run_dir: Path, local: bool) -> int:
     """DRY_RUN=1: the resolved config, what preprocessing would run first (a missing blend) and the launch
     script; nothing is written or submitted."""
-    from launch.slurm import render
     print(f"# resolved config of {recipe} (would be {run_dir / 'config.yaml'})\n{to_yaml(job)}")
     try:
         cfg = missing_blend_config(job)

@@ -33,9 +33,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, open_dict
 
 from common.cli import split_overrides
-from pretrain import RECIPES_DIR, REPO_ROOT
-from pretrain.config import ConfigError, finalize, load_recipe, to_yaml
-from pretrain.preemption import REQUEUE_EXIT
+from common.config import ConfigError
+from common.paths import RECIPES_DIR, REPO_ROOT
+from pretrain.config.compose import finalize, load_recipe, to_yaml
+from pretrain.stability.preemption import REQUEUE_EXIT
 
 
 def hydra_quote(value) -> str:

@@ -40,12 +40,13 @@ from omegaconf import OmegaConf
 
 from common.cli import env_flag, split_overrides
 from common.config import ConfigError
+from common.paths import REPO_ROOT
 from common.slurm_values import sbatch_problems
 from launch.slurm import sbatch, template
 from preprocessing.cli import cli_main, load_config
 from preprocessing.config import PreprocessConfig
 from preprocessing.pipeline import problems, run_pipeline, stage_shards, stages_of
-from pretrain import REPO_ROOT
+from pretrain.config.compose import load_recipe
 
 LAUNCHERS = ("local", "slurm")
 
@@ -113,7 +114,6 @@ def config_name(args: argparse.Namespace) -> str:
     """--config, else $PREPROCESS_CONFIG (make's PREPROCESS), else the data.preprocess of $RECIPE (gpt-tiny)."""
     if args.config or os.environ.get("PREPROCESS_CONFIG"):
         return args.config or os.environ["PREPROCESS_CONFIG"]
-    from pretrain.config import load_recipe  # the recipe stack only when a recipe names the config
     return load_recipe(os.environ.get("RECIPE") or "gpt-tiny").data.preprocess
 
 

@@ -22,7 +22,7 @@ from typing import List
 
 import jinja2
 
-from pretrain import REPO_ROOT
+from common.paths import REPO_ROOT
 
 TEMPLATE = Path(__file__).parent / "templates" / "sbatch.j2"
 
@@ -47,7 +47,7 @@ def template(name: str) -> jinja2.Template:
 
 
 def render(job, run_dir: Path) -> str:
-    from pretrain.preemption import REQUEUE_EXIT  # imports torch: only for training jobs
+    from pretrain.stability.preemption import REQUEUE_EXIT  # imports torch: only for training jobs
     c = job.cluster
     bad_file = Path(c.bad_nodes_file)
     bad_file = bad_file if bad_file.is_absolute() else REPO_ROOT / bad_file

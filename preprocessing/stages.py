@@ -34,10 +34,10 @@ from common.registry import Registry
 
 from .blend import write_blend
 from .config import InputConfig, PreprocessConfig
-from .dedup import STEPS as DEDUP_STEPS
-from .dedup import kept_parts as dedup_kept_parts
-from .dedup import run_dedup
-from .dedup import step_tasks as dedup_step_tasks
+from .dedup.run import STEPS as DEDUP_STEPS
+from .dedup.run import kept_parts as dedup_kept_parts
+from .dedup.run import run_dedup
+from .dedup.run import step_tasks as dedup_step_tasks
 from .fetch import fetch
 from .filters import QualityFilter
 from .markers import Marker, fingerprint, print_summary

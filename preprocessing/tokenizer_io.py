@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, List, Optional
 from common.digest import file_digest
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
-# Fill-in-the-middle sentinels (Megatron-LM / bigcode FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FIM_PAD): pretrain/fim.py
+# Fill-in-the-middle sentinels (Megatron-LM / bigcode FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FIM_PAD): pretrain/data/fim.py
 FIM_SENTINELS = ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>")
 
 

@@ -16,15 +16,17 @@ from pathlib import Path
 
 import torch
 
+from common.cli import split_overrides
+
+from .config.compose import load_recipe
+
 
 def main() -> int:
-    from common.cli import split_overrides
 
-    from .config import load_recipe
-    from .data import StepBatches, build_datasets
+    from .data.datasets import StepBatches, build_datasets
     from .engines.megatron.engine import MegatronEngine
-    from .metrics import Metrics
     from .model.gpt import build_gpt_model, transformer_config
+    from .observability.metrics import Metrics
 
     steps, rounds = int(os.environ.get("BENCH_STEPS", 10)), int(os.environ.get("BENCH_ROUNDS", 3))
     cfg = load_recipe(os.environ.get("RECIPE", "gpt-tiny"),

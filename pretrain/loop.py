@@ -2,9 +2,9 @@
 
 State the loop owns (step, consumed samples, skipped steps, data-mix counters) lives in
 `LoopState`; with the engine's model, optimizer and RNG it is everything a checkpoint holds
-(pretrain/checkpoint.py). LR and batch size are functions of that state, so a resumed run
+(pretrain/checkpoint/store.py). LR and batch size are functions of that state, so a resumed run
 takes exactly the steps the uninterrupted one would have. What the loop asks of an engine is
-`Engine` (pretrain/engines/base.py); of its training data, `BatchSource` (pretrain/data.py).
+`Engine` (pretrain/engines/base.py); of its training data, `BatchSource` (pretrain/data/datasets.py).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import math
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import List, Optional
 
@@ -23,34 +23,22 @@ import torch
 import torch.distributed as dist
 import torch.profiler as tp
 
-from evals.inloop import DownstreamEvals
+from pretrain.observability.downstream import DownstreamEvals
 
-from .checkpoint import CheckpointStore, Decision, agreed_load
-from .config import to_yaml
+from .checkpoint.meta import LoopState, checkpoint_meta
+from .checkpoint.store import CheckpointStore, Decision, agreed_load
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
-from .data import BatchSource, StepBatches, build_datasets, eval_batches, split_sizes
-from .data_mix import PhasedMix
+from .data.datasets import BatchSource, StepBatches, build_datasets, eval_batches, split_sizes
+from .data.mix import PhasedMix
 from .engines.base import Engine
-from .metrics import Metrics
-from .preemption import REQUEUE_EXIT, PreemptionFlag, RunPreempted
-from .provenance import versions
-from .recovery import Recovery
+from .observability.metrics import Metrics
+from .observability.straggler import StragglerDetector
 from .schedules import lr_at
-from .stability import SpikeGuard
-from .straggler import StragglerDetector
-from .watchdog import Watchdog, inject_hang
-
-
-@dataclass
-class LoopState:
-    step: int = 0                 # optimizer steps taken
-    consumed_samples: int = 0     # samples consumed by those steps (the data position)
-    skipped_steps: int = 0        # fp16 overflow steps among them
-    data: dict = field(default_factory=dict)   # data-mix counters (pretrain/data.py), empty for a fixed mix
-    lr_scale: float = 1.0         # product of rollback LR factors so far
-    rollbacks: int = 0
-    guard: dict = field(default_factory=dict)   # the spike policy's running statistics (pretrain/stability.py)
+from .stability.guard import SpikeGuard
+from .stability.preemption import REQUEUE_EXIT, PreemptionFlag, RunPreempted
+from .stability.recovery import Recovery
+from .stability.watchdog import Watchdog, inject_hang
 
 
 class RunStopped(RuntimeError):
@@ -230,9 +218,8 @@ class Trainer:
         st.skipped_steps = self.metrics.skipped_total
         step = st.step
         directory = self.store.begin(step)
-        meta = {"loop": asdict(st), "consumed_tokens": st.consumed_samples * self.cfg.model.seq_length,
-                "engine_state": self.engine.checkpoint_meta(), "recipe": self.cfg.name, "config": to_yaml(self.cfg),
-                "versions": versions(), "health": {"weights_finite": True, "valid_loss": valid_loss}}
+        meta = checkpoint_meta(self.cfg, st, self.engine.checkpoint_meta(),
+                               health={"weights_finite": True, "valid_loss": valid_loss})
 
         def commit() -> None:
             path = self.store.commit(step, meta)
@@ -257,7 +244,7 @@ class Trainer:
                 self.rollback("nonfinite_validation")
                 return False
         if self.downstream is not None and self.downstream.due(st.step, final):
-            self.downstream.run(st.step)          # the weights the save below writes (evals/inloop.py)
+            self.downstream.run(st.step)          # the weights the save below writes
         due = (interval > 0 and st.step % interval == 0) or (final and cfg.checkpoint.save_final)
         if due and self.saved_step != st.step and not self.save(valid):
             self.rollback("nonfinite_weights")
@@ -358,7 +345,7 @@ class Trainer:
                     self._save_and_leave(watchdog)
 
     def _save_and_leave(self, watchdog) -> None:
-        """A rank got SIGUSR1/SIGTERM (pretrain/preemption.py): checkpoint this step, exit for requeue."""
+        """A rank got SIGUSR1/SIGTERM (pretrain/stability/preemption.py): checkpoint this step, exit for requeue."""
         st = self.state
         if self.saved_step != st.step:
             self.save()

@@ -13,21 +13,23 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from . import RECIPES_DIR
-from .banner import run_banner
-from .config import ConfigError, JobConfig, finalize, to_yaml
-from .config.compose import from_yaml
-from .engines import create_engine
-from .lifetime import RunDirBusy, die_with_launcher, lock_run_dir
+from common.config import ConfigError
+from common.paths import RECIPES_DIR
+
+from .config.compose import finalize, from_yaml, to_yaml
+from .config.schema import JobConfig
+from .engines.registry import create_engine
 from .loop import RunStopped, Trainer
-from .preemption import REQUEUE_EXIT, RunPreempted
-from .provenance import record as record_provenance
+from .observability.banner import run_banner
+from .observability.provenance import record as record_provenance
+from .stability.lifetime import RunDirBusy, die_with_launcher, lock_run_dir
+from .stability.preemption import REQUEUE_EXIT, RunPreempted
 
 
 def run(job: JobConfig, keep_process_group: bool = False) -> int:
     """Train `job` in this process (one rank of torchrun/srun, or a single process).
     keep_process_group: leave torch.distributed up for another job in the same processes.
-    Exit 4: another live trainer holds the run directory (pretrain/lifetime.py)."""
+    Exit 4: another live trainer holds the run directory (pretrain/stability/lifetime.py)."""
     die_with_launcher()                  # torchrun's workers are in their own sessions: go when it goes
     engine = create_engine(job)
     run_dir = Path(job.run_dir)

@@ -15,7 +15,7 @@ import sys
 
 import torch.distributed as dist
 
-from pretrain.config import load_recipe
+from pretrain.config.compose import load_recipe
 from pretrain.train import run
 
 

@@ -9,10 +9,10 @@ import subprocess
 import pytest
 import torch
 
-from pretrain.checkpoint import CheckpointStore
-from pretrain.config import load_recipe
+from pretrain.checkpoint.store import CheckpointStore
+from pretrain.config.compose import load_recipe
 from pretrain.config.derive import batch_ramp
-from pretrain.data_mix import PhasedMix
+from pretrain.data.mix import PhasedMix
 from tests.conftest import REPO
 from tests.training import BASE, DEMO, SAVE_AT, STEPS, shared_runs
 
@@ -211,7 +211,7 @@ def test_truncated_or_altered_checkpoints_fall_back_to_the_previous(tmp_path):
 
 
 def test_digests_are_split_by_writer_then_by_size_and_gathered_whole():
-    from pretrain.integrity import shares
+    from pretrain.checkpoint.integrity import shares
     sizes = {"model_optim_rng/__1_0.distcp": 10, "model_optim_rng/__0_0.distcp": 10, "model_optim_rng/common.pt": 50,
              "model_optim_rng/.metadata": 5, "model_optim_rng/metadata.json": 1}
     writer = lambda name: int(name[2]) if name.startswith("__") else None         # noqa: E731

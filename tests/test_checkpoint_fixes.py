@@ -8,8 +8,8 @@ optimizer state, not text.
 import pytest
 import torch
 
-from pretrain.config import load_recipe
-from pretrain.data import StepBatches, build_datasets
+from pretrain.config.compose import load_recipe
+from pretrain.data.datasets import StepBatches, build_datasets
 
 COMMON = ["data=mock", "cluster.devices_per_node=1", "batch.global_batch_size=8", "batch.micro_batch_size=4",
           "model.num_layers=2", "optim.lr=3e-3"]

@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from pretrain.config import ConfigError, load_recipe, to_yaml
-from pretrain.config.compose import available_recipes
+from common.config import ConfigError
+from pretrain.config.compose import available_recipes, load_recipe, to_yaml
 from pretrain.config.schema import JobConfig
 from tests.conftest import PY, REPO
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from datasketch import MinHash
 
+from preprocessing.bench.planted import planted_corpus
 from preprocessing.config import DedupConfig, InputConfig
-from preprocessing.dedup import run_dedup
 from preprocessing.dedup.minhash import permutations, shingle_hashes, shingle_hashes_batch, signatures, words_batch
-from preprocessing.dedup.planted import planted_corpus
+from preprocessing.dedup.run import run_dedup
 from preprocessing.dedup.shards import DocShards
 from preprocessing.records import BadInput, read_documents
 from tests.test_bad_input import lines_with_bad_input

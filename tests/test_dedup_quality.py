@@ -1,4 +1,4 @@
-"""Near-duplicate quality at the defaults, on corpora planted from real text (preprocessing/dedup/planted.py).
+"""Near-duplicate quality at the defaults, on corpora planted from real text (preprocessing/bench/planted.py).
 
 Targets of issue 17: recall >= 0.95 for exact copies, >= 0.9 for 5%-edited, truncated and
 leading-words-dropped copies, precision >= 0.97, documents that share only boilerplate kept, no
@@ -10,10 +10,10 @@ import random
 import numpy as np
 import pytest
 
+from preprocessing.bench.planted import evaluate, planted_corpus
 from preprocessing.config import DedupConfig, InputConfig
-from preprocessing.dedup import run_dedup
 from preprocessing.dedup.minhash import shingle_hashes
-from preprocessing.dedup.planted import evaluate, planted_corpus
+from preprocessing.dedup.run import run_dedup
 from preprocessing.dedup.similarity import accept, true_similarity
 from preprocessing.fetch import fetch
 

@@ -67,7 +67,7 @@ def test_run_directory_holds_the_rendered_config_flops_profile_and_tensorboard(d
     assert list((run / "tensorboard").rglob("events.out.tfevents.*"))
     mine = json.loads((ds_runs["root"] / "zero2" / "ds_config.json").read_text())    # its own template
     assert mine["zero_optimization"]["reduce_bucket_size"] == 200_000
-    info = subprocess.run([PY, "-m", "pretrain.ckpt_info", str(ckpt(ds_runs["root"] / "zero2"))], cwd=REPO,
+    info = subprocess.run([PY, "-m", "pretrain.checkpoint.info", str(ckpt(ds_runs["root"] / "zero2"))], cwd=REPO,
                           capture_output=True, text=True)
     assert info.returncode == 0, info.stderr
     assert "engine      deepspeed" in info.stdout and "DP=2 (world 2); ZeRO-2" in info.stdout, info.stdout
@@ -129,8 +129,8 @@ def test_two_rank_checkpoint_resumes_on_one_through_the_universal_format(ds_runs
 
 def consolidated_loss(state, consumed: int) -> float:
     """Loss of a TP=1 megatron-core GPTModel holding `state` on the global batch after `consumed` samples."""
-    from pretrain.config import load_recipe
-    from pretrain.data import StepBatches, build_datasets, split_sizes
+    from pretrain.config.compose import load_recipe
+    from pretrain.data.datasets import StepBatches, build_datasets, split_sizes
     from pretrain.engines.megatron.checkpointing import unwrap
     from pretrain.engines.megatron.engine import MegatronEngine
     from tests.training import BASE

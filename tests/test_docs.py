@@ -12,8 +12,7 @@ import pytest
 
 from common.cli import split_overrides
 from preprocessing.cli import load_config
-from pretrain.config import load_recipe
-from pretrain.config.compose import available_recipes
+from pretrain.config.compose import available_recipes, load_recipe
 from tests.conftest import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

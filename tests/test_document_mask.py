@@ -12,9 +12,10 @@ import pytest
 import torch
 from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
 
-from pretrain.config import ConfigError, load_recipe
-from pretrain.data import collate
-from pretrain.packing import model_inputs, packed_seq_params
+from common.config import ConfigError
+from pretrain.config.compose import load_recipe
+from pretrain.data.datasets import collate
+from pretrain.data.packing import model_inputs, packed_seq_params
 from tests.training import job_log, shared_runs
 
 EOD = 0
@@ -30,7 +31,7 @@ def packed_text(vocab: int) -> torch.Tensor:
 
 
 def sample(text: torch.Tensor, document_mask: bool, eod_mask_loss=False) -> dict:
-    """One micro-batch as pretrain/data.py hands it to the engine (GPTDataset's masks, then collate)."""
+    """One micro-batch as pretrain/data/datasets.py hands it to the engine (GPTDataset's masks, then collate)."""
     tokens, labels = text[:-1], text[1:]
     mask, loss_mask, position_ids = _get_ltor_masks_and_position_ids(
         tokens, EOD, reset_position_ids=document_mask, reset_attention_mask=document_mask,
@@ -101,7 +102,7 @@ def test_eod_mask_loss_drops_the_targets_after_each_eod():
 
 
 def test_thd_boundaries_come_from_the_reset_positions():
-    """The GPU path's cu_seqlens (pretrain/packing.py) for two samples flattened into one row."""
+    """The GPU path's cu_seqlens (pretrain/data/packing.py) for two samples flattened into one row."""
     one = sample(packed_text(4096), document_mask=True)
     two = {k: torch.cat([v, v]) for k, v in one.items()}
     params = packed_seq_params(two["position_ids"])
@@ -205,9 +206,9 @@ def test_document_masked_run_logs_what_it_scores_and_counts_every_token(docmask_
 
 
 def test_demo_batches_carry_each_documents_mask_and_positions(demo_data):
-    """What the engine receives from pretrain/data.py on the demo corpus: per sample, token i may attend to
+    """What the engine receives from pretrain/data/datasets.py on the demo corpus: per sample, token i may attend to
     token j iff j is at most position_ids[i] tokens back, and some samples hold several documents."""
-    from pretrain.data import StepBatches, build_datasets
+    from pretrain.data.datasets import StepBatches, build_datasets
     cfg = load_recipe("gpt-tiny", ["data.document_mask=true", "data.eod_mask_loss=true"])
     train, _, _ = build_datasets(cfg, 64, 8, 8)
     batches = StepBatches(train, 8, 0, 1).micro_batches(0, 64)

@@ -27,7 +27,7 @@ def our_bits_per_byte(ckpt, hf_dir, texts) -> float:
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
     from transformers import AutoTokenizer
 
-    from pretrain.checkpoint import resolve
+    from pretrain.checkpoint.store import resolve
     from pretrain.hf.convert import config_of, model_state
     from tests.test_export import our_logits, ours
     cfg = config_of(resolve(ckpt))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pretrain.checkpoint import resolve
+from pretrain.checkpoint.store import resolve
 from pretrain.hf.convert import config_of, export, import_hf, model_state, single_process
 from tests.training import SAVE_AT
 
@@ -89,8 +89,8 @@ def test_llama_tiny_exports_to_llama_and_round_trips(single_rank_megatron, tmp_p
     from safetensors.torch import load_file
 
     from preprocessing.tokenizer_io import train_bpe
-    from pretrain.config import load_recipe
-    from pretrain.engines import create_engine
+    from pretrain.config.compose import load_recipe
+    from pretrain.engines.registry import create_engine
     from pretrain.loop import Trainer
     train_bpe([Path(__file__).read_text()], vocab_size=512, min_frequency=2, out_dir=tmp_path / "tokenizer")
     cfg = load_recipe("llama-tiny", ["data=mock", "data.tokenizer.type=hf",
@@ -108,7 +108,7 @@ def test_llama_tiny_exports_to_llama_and_round_trips(single_rank_megatron, tmp_p
 
 
 def test_export_refuses_what_the_architecture_cannot_express(tmp_path):
-    from pretrain.config import load_recipe
+    from pretrain.config.compose import load_recipe
     from pretrain.model.hf_mapping import unsupported
     assert unsupported(load_recipe("gpt-tiny")) == []
     assert unsupported(load_recipe("llama-tiny")) == []

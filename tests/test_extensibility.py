@@ -7,12 +7,13 @@ import json
 import pytest
 import torch
 
-from pretrain.config import ConfigError, load_recipe
-from pretrain.engines import create_engine
+from common.config import ConfigError
+from pretrain.config.compose import load_recipe
 from pretrain.engines.megatron.optimizer_state import leaves
+from pretrain.engines.registry import create_engine
 from pretrain.loop import Trainer
 from pretrain.model.inventory import stage_tensors
-from pretrain.optim import per_element, register_optimizer
+from pretrain.optim.registry import per_element, register_optimizer
 from pretrain.plan.memory import optimizer_state_bytes
 from pretrain.schedules import LRParams, lr_at, register_lr_schedule
 

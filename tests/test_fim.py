@@ -1,4 +1,4 @@
-"""Fill-in-the-middle (pretrain/fim.py) on the demo corpus with the real BPE trained with the sentinels
+"""Fill-in-the-middle (pretrain/data/fim.py) on the demo corpus with the real BPE trained with the sentinels
 (preprocessing/conf/demo-fim.yaml) and megatron-core's GPTDataset: documents come out as PSM or SPM at
 the configured rates and keep their text, packed samples keep their length, EODs and determinism,
 and a FIM-trained model exports to Hugging Face with the sentinels as special tokens."""
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain.config import ConfigError, load_recipe
-from pretrain.config.fim import FimConfig
-from pretrain.fim import FimDataset, FimTransform, fim_tokens
+from common.config import ConfigError
+from pretrain.config.compose import load_recipe
+from pretrain.config.data import FimConfig
+from pretrain.data.fim import FimDataset, FimTransform, fim_tokens
 from tests.conftest import REPO
 from tests.training import shared_runs
 
@@ -130,7 +131,7 @@ def test_the_training_datasets_hold_fim_samples_deterministic_by_index(fim_data,
     """build_datasets of gpt-tiny-fim: every split is a FimDataset over the GPTDataset, of the same length; samples
     of seq_length tokens, labels the next tokens, no loss on <fim_pad> labels; each document in a sample FIM'd at
     rate 0.5 and keeping its text; the same sample for an index whatever the order of reads and across builds."""
-    from pretrain.data import build_datasets
+    from pretrain.data.datasets import build_datasets
     cfg = load_recipe("gpt-tiny-fim")
     datasets = build_datasets(cfg, 400, 64, 64)
     plain = build_datasets(load_recipe("gpt-tiny-fim", ["data.fim.rate=0"]), 400, 64, 64)
@@ -169,7 +170,7 @@ def test_the_training_datasets_hold_fim_samples_deterministic_by_index(fim_data,
 
 
 def test_a_tokenizer_without_the_sentinels_fails_at_dataset_build_naming_it_and_the_fix(demo_data):
-    from pretrain.data import build_datasets
+    from pretrain.data.datasets import build_datasets
     cfg = load_recipe("gpt-tiny", ["data.fim.rate=0.5"])
     with pytest.raises(ValueError, match=r"data/demo/bpe4k/tokenizer .*no token \['<fim_prefix>'.*fim_sentinels: true"):
         build_datasets(cfg, 64, 8, 8)
@@ -205,7 +206,7 @@ def fim_run(root, runs):
 def test_a_fim_trained_model_exports_with_the_sentinels(fim_run, single_rank_megatron, tok, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pretrain.checkpoint import resolve
+    from pretrain.checkpoint.store import resolve
     from pretrain.hf.convert import config_of, export
     records = fim_run("fim")
     assert len(records) == 4 and all(math.isfinite(r["loss"]) for r in records)

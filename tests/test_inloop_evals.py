@@ -1,11 +1,13 @@
-"""In-loop downstream evals (evals/inloop.py): accuracy of the live model on lm-eval multiple-choice tasks,
+"""In-loop downstream evals (pretrain/observability/downstream.py): accuracy of the live model on lm-eval
+multiple-choice tasks,
 equal to `make eval` (lm-eval-harness with its `hf` model on the HF export of the same checkpoint) on the
 same documents, and the same whatever the layout (DP=2, TP=2, PP=2 runs against one process)."""
 import json
 
 import pytest
 
-from pretrain.config import ConfigError, load_recipe
+from common.config import ConfigError
+from pretrain.config.compose import load_recipe
 from tests.conftest import REPO
 from tests.training import STEPS, shared_runs
 
@@ -46,9 +48,9 @@ def downstream_records(run_dir) -> list:
 
 def one_process_scores(ck):
     """The in-loop scorer on checkpoint `ck` (either engine's), its weights in a one-process megatron engine."""
-    from evals.inloop import DownstreamEvals
     from pretrain.engines.megatron.checkpointing import unwrap
     from pretrain.hf.convert import config_of, megatron_engine, model_state
+    from pretrain.observability.downstream import DownstreamEvals
     cfg = config_of(ck)
     if ck.meta["engine_state"]["engine"] == "deepspeed":
         state = model_state(ck, cfg)                         # consolidated ZeRO shards
@@ -68,7 +70,7 @@ def test_inloop_accuracy_equals_make_eval_and_every_layout(inloop_runs, single_r
     import lm_eval
 
     from evals.harness import evaluate
-    from pretrain.checkpoint import resolve
+    from pretrain.checkpoint.store import resolve
     for name in LAYOUTS:
         run = inloop_runs.root / name
         recs = downstream_records(run)
@@ -125,7 +127,7 @@ def test_downstream_rules_fire_at_compose_time(override, match):
 
 
 def test_missing_task_names_the_fix(tmp_path):
-    from evals.inloop import load_task
+    from pretrain.observability.downstream import load_task
     with pytest.raises(FileNotFoundError, match="make eval-data TASKS=hyperbaton"):
         load_task(tmp_path, "bigbench_hyperbaton", None)
 

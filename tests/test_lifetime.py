@@ -1,4 +1,4 @@
-"""One trainer per run directory (pretrain/lifetime.py): the lock the trainer takes, the check
+"""One trainer per run directory (pretrain/stability/lifetime.py): the lock the trainer takes, the check
 `make pretrain` makes. The launcher-death drill is in tests/test_stability.py (kill -9 test)."""
 import json
 import os
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from pretrain.lifetime import RunDirBusy, RunDirLock, lock_run_dir
+from pretrain.stability.lifetime import RunDirBusy, RunDirLock, lock_run_dir
 from tests.conftest import REPO
 
-HOLD = ("import sys, time; from pretrain.lifetime import RunDirLock; RunDirLock(sys.argv[1]).acquire(); "
+HOLD = ("import sys, time; from pretrain.stability.lifetime import RunDirLock; RunDirLock(sys.argv[1]).acquire(); "
         "print('held', flush=True); time.sleep(120)")
 
 

@@ -46,7 +46,7 @@ def test_make_pretrain_end_to_end(demo_data, tmp_path):
 
 def test_a_different_config_never_overwrites_a_run(tmp_path, capsys):
     from launch.__main__ import prepare_run_dir
-    from pretrain.config import load_recipe, to_yaml
+    from pretrain.config.compose import load_recipe, to_yaml
     run_dir = tmp_path / "run"
     first = load_recipe("gpt-tiny", [f"run_dir={run_dir}"])
     prepare_run_dir(first, run_dir)

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from pretrain.config import ConfigError, load_recipe
+from common.config import ConfigError
+from pretrain.config.compose import load_recipe
 from pretrain.model.inventory import count_params
 from tests.training import STEPS, job_log, shared_runs
 
@@ -190,7 +191,7 @@ def test_make_pretrain_moe_tiny_trains_and_logs_the_router(demo_data, tmp_path):
 
 
 def test_plan_counts_active_parameters_shards_experts_and_the_token_exchange():
-    from pretrain.plan import make_plan
+    from pretrain.plan.estimate import make_plan
     from pretrain.plan.memory import memory_per_gpu
     plan = make_plan(load_recipe("mixtral-8x7b"))
     counts = count_params(load_recipe("mixtral-8x7b"))

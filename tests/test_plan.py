@@ -5,8 +5,9 @@ import time
 
 import pytest
 
-from pretrain.config import load_recipe
-from pretrain.plan import count_params, make_plan
+from pretrain.config.compose import load_recipe
+from pretrain.model.inventory import count_params
+from pretrain.plan.estimate import make_plan
 from pretrain.plan.memory import GIB, memory_per_gpu
 from tests.conftest import PY, REPO
 

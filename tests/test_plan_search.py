@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pretrain.config import load_recipe
+from pretrain.config.compose import load_recipe
 from pretrain.plan.memory import memory_per_gpu, stage_param_bytes
 from pretrain.plan.perf import _attention, gemm_seconds, group_bandwidth, layer_gemms, rates, shape, step_time
 from pretrain.plan.published import case_overrides, evaluate_all, load_cases

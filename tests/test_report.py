@@ -1,6 +1,6 @@
 """`make report` and `make compare` on a run directory that was rolled back, preempted, killed and resumed.
 
-The records are written by pretrain.metrics.Metrics itself (the loop's writer), fed the loop's calls in
+The records are written by pretrain.observability.metrics.Metrics itself (the loop's writer), fed the loop's calls in
 the order a run makes them, without training: log_interval=2, so record index and step differ.
 """
 import math
@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from evals import compare
-from pretrain import report, report_plot
 from pretrain.engines.base import StepResult
-from pretrain.metrics import Metrics
+from pretrain.observability import report, report_plot
+from pretrain.observability.metrics import Metrics
 from tests.conftest import REPO
 
 TOKENS_PER_STEP = 32 * 128          # gpt-tiny: global batch 32, seq_length 128
@@ -21,7 +21,7 @@ LOGGED = list(range(2, 31, 2))      # steps with a record in the final history
 
 
 def _config(log_memory=True):
-    from pretrain.config import load_recipe
+    from pretrain.config.compose import load_recipe
     return load_recipe("gpt-tiny", ["logging.tensorboard=false", "cluster.devices_per_node=1", "logging.log_interval=2",
                                     "schedule.train_iters=30", f"logging.log_memory={str(log_memory).lower()}"])
 
@@ -141,7 +141,7 @@ def test_make_report_and_compare_need_no_torch_and_no_tracker(run_dir, tmp_path)
     out = tmp_path / "cmp.png"
     script = ("import sys, runpy; sys.modules.update(dict.fromkeys(['torch', 'wandb', 'mlflow', 'tensorboard']))\n"
               f"sys.argv = ['r', {str(run_dir)!r}]\n"
-              "try:\n    runpy.run_module('pretrain.report', run_name='__main__')\n"
+              "try:\n    runpy.run_module('pretrain.observability.report', run_name='__main__')\n"
               "except SystemExit as e:\n    assert e.code == 0, e.code\n"
               "runpy.run_module('evals.compare', run_name='__main__')")
     env = {k: v for k, v in os.environ.items() if k not in ("RUN", "RUNS")}

@@ -1,4 +1,4 @@
-"""Every run's log starts with one block saying what the run is (pretrain/banner.py), for both
+"""Every run's log starts with one block saying what the run is (pretrain/observability/banner.py), for both
 engines. Read from the logs of runs the session makes anyway: `make pretrain` (megatron, 2
 ranks), the 2-process layout runs and the DeepSpeed runs (tests/training.py writes each launch's
 stdout to <root>/launch.log); tests/test_make_pretrain.py checks the block leads `make pretrain`'s log."""

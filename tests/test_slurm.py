@@ -34,7 +34,7 @@ def directives(script: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["gpt-7b", "llama-70b", "mixtral-8x7b"])
 def test_dry_run_renders_the_recipes_layout(recipe):
-    from pretrain.config import load_recipe
+    from pretrain.config.compose import load_recipe
     cfg = load_recipe(recipe)
     out = make_pretrain(recipe, "", DRY_RUN="1")
     script = out[out.rindex("#!/bin/bash"):]   # a missing blend prints the preprocessing scripts first
@@ -55,7 +55,8 @@ def test_dry_run_renders_the_recipes_layout(recipe):
 
 @pytest.mark.slow
 def test_config_errors_stop_before_rendering():
-    from pretrain.config import ConfigError, load_recipe
+    from common.config import ConfigError
+    from pretrain.config.compose import load_recipe
     from pretrain.config.validate import validate
     res = subprocess.run(["make", "-s", "pretrain", "RECIPE=gpt-7b", "DRY_RUN=1",
                           "OVERRIDES=cluster.partition='gpu\"x'"],
@@ -69,7 +70,7 @@ def test_config_errors_stop_before_rendering():
 
 def test_a_slurm_profile_runs_here_where_there_is_no_slurm(monkeypatch, tmp_path, capsys):
     from launch.__main__ import runs_here
-    from pretrain.config import load_recipe
+    from pretrain.config.compose import load_recipe
     monkeypatch.setenv("PATH", str(tmp_path))                     # no sbatch on this PATH
     assert runs_here(load_recipe("gpt-tiny", CLUSTER)) is True       # one node: torchrun here, said loudly
     assert "no sbatch on this machine: running here with torchrun (2 processes)" in capsys.readouterr().out
@@ -407,7 +408,7 @@ def test_pretrain_with_a_missing_blend_submits_the_chain_and_the_training_job_wa
     """With a (stand-in) sbatch: every preprocessing stage is a job, none runs here, and the training
     job is submitted afterok on the last one. Without sbatch the same profile runs the pipeline here."""
     import launch.__main__ as launcher
-    from pretrain.config import load_recipe
+    from pretrain.config.compose import load_recipe
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "sbatch").write_text(FAKE_SBATCH)
     (tmp_path / "bin" / "sbatch").chmod(0o755)

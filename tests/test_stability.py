@@ -173,7 +173,7 @@ def workers_of(run_dir) -> list:
 @pytest.mark.slow
 def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp_path, layout_runs):
     # A real crash: SIGKILL of the launcher's process group (a lost node, `scancel -s KILL`) reaches torchrun
-    # only; its workers sit in their own sessions and must go with it (pretrain/lifetime.py), not train on.
+    # only; its workers sit in their own sessions and must go with it (pretrain/stability/lifetime.py), not train on.
     # The uninterrupted run: DP=2 with the distributed optimizer (tests.training.LAYOUTS["dp2-distopt"]).
     uninterrupted = [r["loss"] for r in layout_runs("dp2-distopt")]
     run_dir = tmp_path / "killed"
@@ -211,7 +211,7 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp_
 
 def test_spike_guard_statistics_and_rollback_counting():
 
-    from pretrain.stability import SpikeGuard
+    from pretrain.stability.guard import SpikeGuard
     cfg = SimpleNamespace(stability=SimpleNamespace(spike_window=4, spike_zscore=3.0, spike_ratio=0.0,
                                                     spike_policy="rollback", rollback_after=2, nonfinite_limit=2))
     guard = SpikeGuard(cfg)
@@ -263,8 +263,8 @@ def test_rollback_reshuffles_the_window_then_stops_after_max_rollbacks(tmp_path,
     every step after the 2-step window (steps 2, 3) a spike: steps 4 and 5 are vetoed (weights
     untouched), the 2nd spike rolls back to the step-3 checkpoint and replays samples 24..39 in a
     seeded new order; steps 4 and 5 spike again and, with max_rollbacks=1, the run stops with a report."""
-    from pretrain.config import load_recipe
-    from pretrain.engines import create_engine
+    from pretrain.config.compose import load_recipe
+    from pretrain.engines.registry import create_engine
     from pretrain.loop import RunStopped, Trainer
     extra = ["parallel=ds-zero1"] if engine == "deepspeed" else []
     cfg = load_recipe("gpt-tiny", POLICY + extra + [f"run_dir={tmp_path}"])
@@ -288,7 +288,7 @@ def test_rollback_reshuffles_the_window_then_stops_after_max_rollbacks(tmp_path,
 
 
 def test_reshuffled_window_reads_the_same_samples_in_another_order():
-    from pretrain.data import StepBatches
+    from pretrain.data.datasets import StepBatches
 
     class Numbered:
         def __len__(self):
@@ -315,10 +315,10 @@ def test_a_signal_saves_the_step_and_exits_for_requeue_then_the_run_resumes_exac
     makes the loop save step 3 and leave with RunPreempted (exit 75 from pretrain.train); a new
     start resumes there and steps 4-6 equal the uninterrupted run's."""
 
-    from pretrain.config import load_recipe
-    from pretrain.engines import create_engine
+    from pretrain.config.compose import load_recipe
+    from pretrain.engines.registry import create_engine
     from pretrain.loop import Trainer
-    from pretrain.preemption import RunPreempted
+    from pretrain.stability.preemption import RunPreempted
     common = POLICY[:12] + ["schedule.train_iters=6", "checkpoint.save_final=false", "stability.watchdog_minutes=0"]
 
     def trainer(name, extra=()):
@@ -364,8 +364,8 @@ NAN_RUN = POLICY[:9] + ["eval.eval_iters=1", "eval.final_test=false", "logging.l
 
 
 def in_process(tmp_path, name, overrides):
-    from pretrain.config import load_recipe
-    from pretrain.engines import create_engine
+    from pretrain.config.compose import load_recipe
+    from pretrain.engines.registry import create_engine
     from pretrain.loop import Trainer
     cfg = load_recipe("gpt-tiny", NAN_RUN + overrides + [f"run_dir={tmp_path / name}"])
     return Trainer(cfg, create_engine(cfg), tmp_path / name)

@@ -1,14 +1,15 @@
-"""Straggler detection (pretrain/straggler.py): the rule in-process, then a real 2-process gloo run
+"""Straggler detection (pretrain/observability/straggler.py): the rule in-process, then a real 2-process gloo run
 where fault.slow_rank_ms makes rank 1 slow and the detector must name it, its host and the part."""
 import json
 import socket
 
 import pytest
 
+from common.config import ConfigError
 from launch.slurm import bad_nodes
-from pretrain.config import ConfigError, load_recipe
-from pretrain.metrics import Metrics
-from pretrain.straggler import StragglerDetector, add_bad_node, judge
+from pretrain.config.compose import load_recipe
+from pretrain.observability.metrics import Metrics
+from pretrain.observability.straggler import StragglerDetector, add_bad_node, judge
 from tests.training import job_log, shared_runs
 
 HOSTS = ["n0", "n1", "n2", "n3"]

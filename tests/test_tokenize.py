@@ -161,8 +161,8 @@ def test_data_preprocessed_again_into_the_same_prefixes_gets_new_dataset_caches(
     first step, or silently the wrong tokens). Re-tokenized data must give samples of the new tokens."""
     from preprocessing.blend import write_blend
     from preprocessing.tokenizer_io import train_bpe
-    from pretrain.config import load_recipe
-    from pretrain.data import build_datasets
+    from pretrain.config.compose import load_recipe
+    from pretrain.data.datasets import build_datasets
     words = [f"w{i}" for i in range(200)]
     tok = train_bpe([" ".join(words)] * 4, 400, 1, tmp_path / "tok")
     blend = write_blend(tmp_path / "out" / "blend.json", {s: [(1.0, f"{s}_text_document")]

@@ -1,4 +1,4 @@
-"""Experiment trackers (pretrain/trackers/, docs/observability.md): W&B and MLflow, read back with
+"""Experiment trackers (pretrain/observability/trackers/, docs/observability.md): W&B and MLflow, read back with
 their own readers, hold what metrics.jsonl holds as `make report` reads it; a killed and resumed
 run continues the same tracker runs with no step twice; a tracker that fails never changes training."""
 import importlib.util
@@ -10,11 +10,12 @@ import time
 
 import pytest
 
-from pretrain.config import ConfigError, load_recipe
-from pretrain.report import read_jsonl
-from pretrain.trackers import active_trackers
-from pretrain.trackers.fanout import scalars_of
-from pretrain.trackers.wandb import history_steps
+from common.config import ConfigError
+from pretrain.config.compose import load_recipe
+from pretrain.observability.report import read_jsonl
+from pretrain.observability.trackers.fanout import scalars_of
+from pretrain.observability.trackers.registry import active_trackers
+from pretrain.observability.trackers.wandb import history_steps
 from tests.training import PY, REPO, STEPS, records, shared_runs, training_command, training_env
 
 ALL = "logging.trackers=[tensorboard,wandb,mlflow]"

@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from pretrain.config import ConfigError, load_recipe
+from common.config import ConfigError
+from pretrain.config.compose import load_recipe
 from tests.conftest import REPO
 
 CASES = {

@@ -1,11 +1,11 @@
 """`make bench-preprocess`: the data path's benchmarks, side by side in one run.
 
-* tokenization (preprocessing/bench_tokenize.py): JSONL -> .bin/.idx against tokenizers'
+* tokenization (preprocessing/bench/tokenization.py): JSONL -> .bin/.idx against tokenizers'
   `encode_batch_fast` on the same texts in memory, >= 50 MB; start-up of the CLI;
-* dedup at scale (preprocessing/dedup/bench.py): a generated planted corpus of 200,000
+* dedup at scale (preprocessing/bench/dedup.py): a generated planted corpus of 200,000
   documents through every step, each in its own process (peak RSS, docs/s per core), against
   the previous single-process cluster step, and the extrapolation to 1 B documents;
-* dedup quality (preprocessing/dedup/planted.py): recall per planted edit level and precision,
+* dedup quality (preprocessing/bench/planted.py): recall per planted edit level and precision,
   ours against the previous defaults, written into docs/dedup.md between its markers.
 
     python -m preprocessing.bench [--tokenize-mb 50] [--dedup-docs 200000] [--only tokenize,scale,quality]
@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 from typing import List
+
+from .planted import quality_table
 
 REPO = Path(__file__).resolve().parent.parent
 PARTS = ("tokenize", "scale", "quality")
@@ -49,13 +51,12 @@ def main(argv: List[str] | None = None) -> int:
     machine = (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {__import__('os').cpu_count()} cores, "
                f"Python {platform.python_version()}, by `make bench-preprocess`.")
     if "tokenize" in parts:
-        from .bench_tokenize import bench_tokenize
+        from .tokenization import bench_tokenize
         replace_block(page, "tokenize", [machine, ""] + bench_tokenize(mb=args.tokenize_mb))
     if "scale" in parts:
-        from .dedup.bench import bench_dedup
+        from .dedup import bench_dedup
         replace_block(page, "dedup-scale", [machine, ""] + bench_dedup(n_docs=args.dedup_docs))
     if "quality" in parts:
-        from .dedup.planted import quality_table
         replace_block(REPO / "docs" / "dedup.md", "quality-table", quality_table())
     print(page.read_text())
     return 0

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from ..config import DedupConfig
-from . import STEPS, step_tasks
-from .baseline import old_cluster, old_signature_file
+from ..dedup.run import STEPS, step_tasks
+from .dedup_baseline import old_cluster, old_signature_file
 from .planted import planted_corpus
 
 # A small parent process runs the step and reports its child's rusage: measured from this (large) process,
@@ -57,8 +57,9 @@ def bench_dedup(n_docs: int = 200_000, shards: int = 4, bucket_tasks: int = 4, r
         gen_s = time.perf_counter() - t0
         cfg = DedupConfig(shards=shards, bucket_tasks=bucket_tasks, workers=1)
         py = sys.executable
-        base = _child([py, "-c", "from preprocessing.dedup import run_dedup; from preprocessing.cli import stage_args; "
-                                 "stage_args('dedup', [])"])      # a step's process before its work: the baseline
+        # a step's process before its work: the baseline
+        base = _child([py, "-c", "from preprocessing.dedup.run import run_dedup; "
+                                 "from preprocessing.cli import stage_args; stage_args('dedup', [])"])
         rows = {}
         for step in STEPS:
             rows[step] = _child([py, "-m", "preprocessing.dedup", "--input", str(corpus), "--output", str(tmp / "new"),

@@ -17,7 +17,9 @@ from typing import Dict, List
 
 import numpy as np
 
-from .minhash import permutations, shingle_hashes_batch, signatures
+from ..dedup.minhash import permutations, shingle_hashes_batch, signatures
+from ..normalize import ExactDedup
+from ..records import BadInput, read_documents, write_jsonl
 
 OLD = dict(num_perm=128, ngram=5, seed=1, threshold=0.8, false_negative_weight=0.8)   # the old defaults
 
@@ -56,8 +58,6 @@ def old_cluster(corpus: Path, sig_path: Path, out: Path) -> dict:
     """Exact dedup, LSH candidates, verification, union-find; writes kept/removed (the old `cluster`)."""
     from datasketch import LeanMinHash, MinHashLSH
 
-    from ..normalize import ExactDedup
-    from ..records import BadInput, read_documents, write_jsonl
 
     sigs: Dict[int, np.ndarray] = {}
     with np.load(sig_path) as data:

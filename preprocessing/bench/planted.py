@@ -31,6 +31,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..config import DedupConfig, InputConfig
+from ..fetch import fetch
+
 EDIT_LEVELS = (0.03, 0.05, 0.10, 0.20)
 LICENCE = (
     "This text is part of the Open Shakespeare collection and is distributed under the terms of the "
@@ -156,7 +159,6 @@ def planted_corpus(path, n_docs: Optional[int] = None, seed: int = 0, corpus: Op
     n_docs None: the demo corpus's documents are the originals and `variants_per_kind` (default
     60) variants of each kind are planted. n_docs N: ~N documents, `dup_fraction` of them planted
     variants, originals of `words` words (uniform) from random line runs."""
-    from ..fetch import fetch
     corpus = corpus or fetch("shakespeare")
     works, lines, work_of, vocab = _source(str(corpus))
     rng = random.Random(seed)
@@ -268,9 +270,8 @@ def quality_table(seed: int = 0, per_kind: int = 200) -> List[str]:
     the previous defaults, on the demo-corpus planted corpus (`per_kind` variants of each kind)."""
     import tempfile
 
-    from ..config import DedupConfig, InputConfig
-    from . import run_dedup
-    from .baseline import old_default_removed
+    from ..dedup.run import run_dedup
+    from .dedup_baseline import old_default_removed
     ours = DedupConfig(shards=2, bucket_tasks=2, workers=1)
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "planted.jsonl"

@@ -31,10 +31,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from .config import InputConfig, TokenizeConfig
-from .fetch import fetch
-from .tokenize_indexed import tokenize_to_indexed
-from .tokenizer_io import load_tokenizer
+from ..config import InputConfig, TokenizeConfig
+from ..fetch import fetch
+from ..records import read_documents
+from ..tokenize_indexed import tokenize_to_indexed
+from ..tokenizer_io import load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,7 +72,6 @@ def old_path(path: Path, tok, prefix: Path, batch_size: int) -> None:
     import numpy as np
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
-    from .records import read_documents
     dtype = DType.optimal_dtype(tok.vocab_size)
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
     docs = read_documents([str(path)])

@@ -1,5 +1,5 @@
 import sys
 
-from . import main
+from .run import main
 
 sys.exit(main())

@@ -12,9 +12,10 @@ import sys
 import time
 
 from common.cli import split_overrides
+from common.config import ConfigError
 
-from .checkpoint import damage, resolve
-from .config import ConfigError, config_diff, load_recipe
+from ..config.compose import config_diff, load_recipe
+from .store import damage, resolve
 
 
 def describe(ckpt_path: str, recipe: str | None, overrides: list[str]) -> str:

@@ -8,7 +8,7 @@
       step_00000200.tmp/     being written: never read, cleared by the next save of that step
 
 Every rank writes its shards into step_N.tmp; after a barrier the ranks hash what they wrote
-(pretrain/integrity.py: sizes, xxh3 by default, sha256 with `checkpoint.checksums`), rank 0
+(pretrain/checkpoint/integrity.py: sizes, xxh3 by default, sha256 with `checkpoint.checksums`), rank 0
 records it all in meta.json and renames step_N.tmp -> step_N: a crash at any point leaves only
 complete step_N directories. Resume scans them newest first (no pointer file that could
 disagree with the directories): rank 0 reads each meta.json and checks sizes, every rank verifies
@@ -142,7 +142,7 @@ def first_intact(paths: List[Path], strong: bool, fast: bool = True, writer_of: 
                  accept: Optional[Accept] = None) -> Decision:
     """The first of `paths` (rank 0's list) that passes every check, and those skipped before it.
     Collective when torch.distributed is up: rank 0 reads each meta.json and checks sizes, every rank
-    verifies the digests of its share (pretrain/integrity.py), every rank returns the same Decision."""
+    verifies the digests of its share (pretrain/checkpoint/integrity.py), every rank returns the same Decision."""
     remaining = iter(paths) if _rank() == 0 else None
     skipped: List[Tuple[str, str]] = []
     while True:

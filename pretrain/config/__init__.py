@@ -1,6 +1,9 @@
-"""Recipe -> one validated, typed JobConfig. See compose.load_recipe."""
-from .compose import config_diff, finalize, load_recipe, to_yaml
-from .schema import JobConfig
-from .validate import ConfigError
+"""The ground floor (docs/architecture.md): every config section and every compose-time rule.
 
-__all__ = ["ConfigError", "JobConfig", "config_diff", "finalize", "load_recipe", "to_yaml"]
+* schema.py - `JobConfig` and its sections, each field a typed one-line doc.
+* compose.py - Hydra composition of a recipe + overrides, `load_recipe`, `finalize`, YAML in and out.
+* validate.py - the collect-all validation of every section (cross-section rules and the registries' names).
+* derive.py - values derived from the config (batch ramp, train iterations, pipeline stage layers).
+* data.py, moe.py, observability.py - sections and rules of their chapters.
+* __main__.py - `make config`.
+"""

@@ -9,8 +9,9 @@ import dataclasses
 import sys
 
 from common.cli import add_recipe_args, recipe_and_overrides
+from common.config import ConfigError
 
-from . import ConfigError, load_recipe, to_yaml
+from .compose import load_recipe, to_yaml
 from .schema import JobConfig
 
 

@@ -15,9 +15,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from common.config import compose_dir
+from common.paths import RECIPES_DIR
 from common.registry import import_modules
 
-from .. import RECIPES_DIR
 from .derive import derive
 from .schema import JobConfig
 from .validate import ConfigError, validate

@@ -1,7 +1,7 @@
-"""Fill-in-the-middle: the `data.fim` config section and its compose-time rules.
+"""The data chapter's config: the `data.fim` section and the rules of FIM and document masking.
 
 Names follow Megatron-LM's `--fim-*` flags (GPTFIMDatasetConfig) without the prefix; the transform
-is pretrain/fim.py. The sentinel tokens must be in the tokenizer (checked when the datasets are
+is pretrain/data/fim.py. The sentinel tokens must be in the tokenizer (checked when the datasets are
 built, where the tokenizer is loaded): preprocessing's `tokenizer.fim_sentinels: true` trains
 them in (conf/data/demo-fim.yaml).
 """
@@ -61,3 +61,27 @@ def fim_problems(cfg, add) -> None:
         add(f"data.fim sentinel tokens {names} must be four distinct non-empty strings.")
     if fim.split_sample is not None and fim.split_sample in names:
         add(f"data.fim.split_sample={fim.split_sample!r} is a FIM sentinel. Fix: a separator token of the data.")
+
+
+def document_mask_problems(cfg, add) -> None:
+    """Compose-time rules: which runs can honour data.document_mask (pretrain/data/packing.py), named with the fix."""
+    if not cfg.data.document_mask:
+        return
+    m, p = cfg.model, cfg.parallel
+    if cfg.cluster.gpu_type == "cpu":
+        if m.transformer_impl == "transformer_engine":
+            add("data.document_mask=true on cluster.gpu_type=cpu uses an explicit s x s mask in megatron-core's "
+                "local attention; model.transformer_impl=transformer_engine has no CPU path. Fix: "
+                "model.transformer_impl=local (or auto).")
+        return
+    if m.transformer_impl == "local":
+        add("data.document_mask=true on GPUs runs packed (thd) attention, which needs Transformer Engine; "
+            "model.transformer_impl=local has none (and the fused local softmax ignores a given mask). Fix: "
+            "model.transformer_impl=transformer_engine (or auto with TE installed).")
+    if m.attention_backend in ("unfused", "local"):
+        add(f"data.document_mask=true on GPUs with model.attention_backend={m.attention_backend}: the thd "
+            "format runs in TE's flash/fused kernels only. Fix: model.attention_backend=auto, flash or fused.")
+    if p.context_parallel_size > 1:
+        add(f"data.document_mask=true with parallel.context_parallel_size={p.context_parallel_size}: splitting "
+            "packed (thd) sequences over CP ranks is not written. Fix: CP=1 (TP with sequence_parallel and "
+            "recompute for long sequences), or data.document_mask=false.")

@@ -33,6 +33,22 @@ def schedule_length_in_steps(cfg: JobConfig, amount: int) -> int:
     return batch_ramp(cfg).steps_for_samples(math.ceil(amount / cfg.model.seq_length))
 
 
+def pipeline_stage_layers(num_layers: int, pp: int, first: int | None, last: int | None) -> list[int]:
+    """Layers per PP stage, honouring an explicit uneven first/last stage."""
+    middle_stages = pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    if middle_stages <= 0:
+        per = 0 if rest == 0 else -1
+    else:
+        per = rest // middle_stages if rest % middle_stages == 0 else -1
+    layers = [per] * pp
+    if first is not None:
+        layers[0] = first
+    if last is not None:
+        layers[-1] = last
+    return layers
+
+
 def derive(cfg: JobConfig) -> JobConfig:
     """Fill `cfg.derived` in place (validation runs first; see compose.finalize)."""
     m, p, d = cfg.model, cfg.parallel, cfg.derived

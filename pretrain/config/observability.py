@@ -1,4 +1,5 @@
-"""The `straggler` config section (pretrain/straggler.py) and its compose-time rules.
+"""The observability chapter's config: the `straggler` section (pretrain/observability/straggler.py), and the
+compose-time rules of stragglers, experiment trackers and in-loop downstream evals.
 
 Every `interval` steps the ranks compare their busy time per step (data wait + compute) over the
 window since the last check; a rank above `ratio` times the median is a straggler, and one flagged
@@ -6,9 +7,12 @@ window since the last check; a rank above `ratio` times the median is a straggle
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from common.config import doc
+
+from ..observability.trackers.registry import TRACKERS, active_trackers
 
 
 @dataclass
@@ -36,3 +40,33 @@ def straggler_problems(cfg, add) -> None:
             "Fix: set straggler.interval>0.")
     if f.slow_rank_ms < 0 or f.slow_from_step < 1:
         add(f"fault.slow_rank_ms={f.slow_rank_ms} must be >= 0 and fault.slow_from_step={f.slow_from_step} >= 1.")
+
+
+def downstream_problems(cfg, add) -> None:
+    """Compose-time rules of eval.downstream_* (the in-loop evals, pretrain/observability/downstream.py)."""
+    e, p = cfg.eval, cfg.parallel
+    if e.downstream_interval < 0:
+        add(f"eval.downstream_interval={e.downstream_interval} must be >= 0 (0: at each validation).")
+    if e.downstream_limit is not None and e.downstream_limit < 1:
+        add(f"eval.downstream_limit={e.downstream_limit} must be >= 1 (a count of documents), or null for all.")
+    if not e.downstream_tasks:
+        return
+    if p.context_parallel_size > 1:
+        add(f"eval.downstream_tasks with parallel.context_parallel_size={p.context_parallel_size}: the scorer's rows "
+            "are not split over CP ranks. Fix: score the checkpoint with `make eval`, or drop eval.downstream_tasks.")
+    if not cfg.data.tokenizer.path:
+        add("eval.downstream_tasks needs data.tokenizer.path: the tasks are text, tokenised as the export's "
+            "tokenizer does. Fix: set data.tokenizer.path, or drop eval.downstream_tasks.")
+
+
+def tracker_problems(cfg, add) -> None:
+    """Compose-time rules: known names, and a library this interpreter can import."""
+    for name in cfg.logging.trackers:
+        if name not in TRACKERS:
+            add(f"logging.trackers has {name!r}; registered trackers are {list(TRACKERS.names())}. Fix: pick from "
+                "those (or register one under that name, pretrain/observability/trackers/).")
+        elif name in active_trackers(cfg):
+            cls = TRACKERS.get(name)
+            if cls.module and importlib.util.find_spec(cls.module) is None:
+                add(f"logging.trackers has {name!r} but its library {cls.module!r} is not importable here. Fix: "
+                    f"{cls.pip} (pinned in constraints.txt), or drop {name!r} from logging.trackers.")

@@ -16,9 +16,9 @@ from omegaconf import MISSING
 from common.config import doc
 from preprocessing.config import TokenizerConfig
 
-from .fim import FimConfig
+from .data import FimConfig
 from .moe import MoEConfig
-from .straggler import StragglerConfig
+from .observability import StragglerConfig
 
 
 @dataclass
@@ -192,9 +192,9 @@ class DataConfig:
                                   "(preprocessing/conf/<name>.yaml, or a YAML file).")
     mix_phases: list[MixPhase] = doc(None, "Data-mix schedule: train-source weights per phase, replacing the blend's "
                                      "train weights; empty keeps them fixed.", factory=list)
-    fim: FimConfig = doc(None, "Fill-in-the-middle transform of the samples (pretrain/fim.py).", factory=FimConfig)
+    fim: FimConfig = doc(None, "Fill-in-the-middle transform of the samples (pretrain/data/fim.py).", factory=FimConfig)
     document_mask: bool = doc(False, "Each document in a packed sample attends only to itself, positions restart "
-                                     "after EOD (CPU: s x s mask; GPUs: thd with TE). pretrain/packing.py.")
+                                     "after EOD (CPU: s x s mask; GPUs: thd with TE). pretrain/data/packing.py.")
     eod_mask_loss: bool = doc(False, "Do not score the target predicted from an EOD token (the next document's "
                                      "first token).")
 
@@ -280,8 +280,8 @@ class EvalConfig:
     eval_interval: int = doc(1000, "Steps between validation runs; 0 disables in-loop validation.")
     eval_iters: int = doc(10, "Batches per validation run.")
     final_test: bool = doc(True, "Report test-split perplexity at the end of training.")
-    downstream_tasks: list[str] = doc(None, "In-loop lm-eval multiple-choice tasks (evals/inloop.py), e.g. "
-                                      "[bigbench_hyperbaton]; empty: none.", factory=list)
+    downstream_tasks: list[str] = doc(None, "In-loop lm-eval multiple-choice tasks (pretrain/observability/"
+                                      "downstream.py), e.g. [bigbench_hyperbaton]; empty: none.", factory=list)
     downstream_interval: int = doc(0, "Steps between downstream evals (and at the end); 0: at each validation.")
     downstream_limit: Optional[int] = doc(None, "First N documents of each task (lm-eval's --limit); null: all.")
     downstream_tasks_dir: str = doc("data/evals/tasks", "Where `make eval-data` wrote the task YAML + JSONL.")
@@ -366,7 +366,8 @@ class JobConfig:
     checkpoint: CheckpointConfig = doc(None, "Checkpointing.", factory=CheckpointConfig)
     stability: StabilityConfig = doc(None, "Hang detection and timeouts.", factory=StabilityConfig)
     fault: FaultConfig = doc(None, "Injected faults for tests and fire drills (off by default).", factory=FaultConfig)
-    straggler: StragglerConfig = doc(None, "Slow-rank detection (pretrain/straggler.py).", factory=StragglerConfig)
+    straggler: StragglerConfig = doc(None, "Slow-rank detection (pretrain/observability/straggler.py).",
+                                     factory=StragglerConfig)
     logging: LoggingConfig = doc(None, "Metrics and TensorBoard.", factory=LoggingConfig)
     eval: EvalConfig = doc(None, "Validation and test evaluation.", factory=EvalConfig)
     profile: ProfileConfig = doc(None, "torch.profiler capture.", factory=ProfileConfig)

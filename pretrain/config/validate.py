@@ -7,19 +7,16 @@ from __future__ import annotations
 
 from common.config import ConfigError
 from common.slurm_values import sbatch_problems
-from evals.inloop import downstream_problems
 
-from ..engines import ENGINES
 from ..engines.deepspeed.ds_config import load_template, problems, template_path
-from ..optim import OPTIMIZERS
-from ..packing import document_mask_problems
+from ..engines.registry import ENGINES
+from ..optim.registry import OPTIMIZERS
 from ..schedules import LR_SCHEDULES, WSD_SHAPES
-from ..trackers import tracker_problems
-from .derive import batch_ramp
-from .fim import fim_problems
+from .data import document_mask_problems, fim_problems
+from .derive import batch_ramp, pipeline_stage_layers
 from .moe import moe_problems
+from .observability import downstream_problems, straggler_problems, tracker_problems
 from .schema import DTYPES, DeepSpeedConfig, JobConfig
-from .straggler import straggler_problems
 
 CHOICES = {
     "model.arch": ("gpt", "llama"),
@@ -51,22 +48,6 @@ def _get(cfg: JobConfig, dotted: str):
     for part in dotted.split("."):
         obj = getattr(obj, part)
     return obj
-
-
-def pipeline_stage_layers(num_layers: int, pp: int, first: int | None, last: int | None) -> list[int]:
-    """Layers per PP stage, honouring an explicit uneven first/last stage."""
-    middle_stages = pp - (first is not None) - (last is not None)
-    rest = num_layers - (first or 0) - (last or 0)
-    if middle_stages <= 0:
-        per = 0 if rest == 0 else -1
-    else:
-        per = rest // middle_stages if rest % middle_stages == 0 else -1
-    layers = [per] * pp
-    if first is not None:
-        layers[0] = first
-    if last is not None:
-        layers[-1] = last
-    return layers
 
 
 def validate(cfg: JobConfig) -> None:

@@ -22,9 +22,9 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, Moc
 
 from preprocessing.blend import read_blend
 
-from .config.derive import batch_ramp
-from .config.schema import JobConfig
-from .engines.base import MicroBatch
+from ..config.derive import batch_ramp
+from ..config.schema import JobConfig
+from ..engines.base import MicroBatch
 from .fim import with_fim
 from .packing import uses_mask
 

@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
 
-from .config.fim import FimConfig
-from .config.schema import JobConfig
+from ..config.data import FimConfig
+from ..config.schema import JobConfig
+from .tokenizer import run_tokenizer
 
 
 @dataclass(frozen=True)
@@ -169,15 +169,9 @@ class FimDataset(torch.utils.data.Dataset):
         return out
 
 
-@lru_cache(maxsize=4)
-def _load(kind: str, path: str):
-    from preprocessing.tokenizer_io import load_tokenizer
-    return load_tokenizer(kind, path, threads=1)
-
-
 def transform_of(cfg: JobConfig) -> FimTransform:
     t = cfg.data.tokenizer
-    tok = _load(t.type, str(t.path))
+    tok = run_tokenizer(cfg, "data.fim", threads=1)
     ids = fim_tokens(tok, cfg.data.fim, f"{t.path} (data.tokenizer.path)")
     too_big = {k: v for k, v in vars(ids).items() if v is not None and v >= cfg.model.vocab_size}
     if too_big:

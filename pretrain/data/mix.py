@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from .data import BatchSource, collate
+from .datasets import BatchSource, collate
 
 
 class PhasedMix(BatchSource):

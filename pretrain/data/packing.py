@@ -19,11 +19,11 @@ LR schedules in tokens) stay samples x seq_length whatever is masked.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import torch
 
-from .config.schema import JobConfig
+from ..config.schema import JobConfig
 
 
 def uses_mask(cfg: JobConfig) -> bool:
@@ -71,27 +71,3 @@ def model_inputs(batch: Dict[str, torch.Tensor], thd: bool) -> Dict[str, Optiona
             out[key] = batch[key].reshape(1, -1)
         out["attention_mask"] = None
     return out
-
-
-def document_mask_problems(cfg: JobConfig, add: Callable[[str], None]) -> None:
-    """Compose-time rules: which runs can honour data.document_mask, named with the fix."""
-    if not cfg.data.document_mask:
-        return
-    m, p = cfg.model, cfg.parallel
-    if cfg.cluster.gpu_type == "cpu":
-        if m.transformer_impl == "transformer_engine":
-            add("data.document_mask=true on cluster.gpu_type=cpu uses an explicit s x s mask in megatron-core's "
-                "local attention; model.transformer_impl=transformer_engine has no CPU path. Fix: "
-                "model.transformer_impl=local (or auto).")
-        return
-    if m.transformer_impl == "local":
-        add("data.document_mask=true on GPUs runs packed (thd) attention, which needs Transformer Engine; "
-            "model.transformer_impl=local has none (and the fused local softmax ignores a given mask). Fix: "
-            "model.transformer_impl=transformer_engine (or auto with TE installed).")
-    if m.attention_backend in ("unfused", "local"):
-        add(f"data.document_mask=true on GPUs with model.attention_backend={m.attention_backend}: the thd "
-            "format runs in TE's flash/fused kernels only. Fix: model.attention_backend=auto, flash or fused.")
-    if p.context_parallel_size > 1:
-        add(f"data.document_mask=true with parallel.context_parallel_size={p.context_parallel_size}: splitting "
-            "packed (thd) sequences over CP ranks is not written. Fix: CP=1 (TP with sequence_parallel and "
-            "recompute for long sequences), or data.document_mask=false.")

@@ -3,7 +3,7 @@
 The loop (pretrain/loop.py) owns the step, the data position, the LR and batch schedules,
 the stability policy and the checkpoint directories; an `Engine` owns the model, the
 optimizer, the parallel layout and the bytes of a checkpoint. Engines register by name
-(`register_engine`, pretrain/engines/__init__.py) and `parallel.engine` picks one.
+(`register_engine`, pretrain/engines/registry.py) and `parallel.engine` picks one.
 """
 from __future__ import annotations
 
@@ -77,9 +77,10 @@ class Engine(ABC):
     def token_logprobs(self, micro_batches: List[MicroBatch], vocab_size: int) -> torch.Tensor:
         """log p(labels[t] | tokens[:t+1]) at every position of this rank's micro-batches (tokens, labels,
         position_ids), softmax over the first `vocab_size` ids: [n, micro_batch, seq] fp32 on the CPU, the same
-        on every rank of a model replica, no gradients. In-loop downstream evals (evals/inloop.py) use it."""
+        on every rank of a model replica, no gradients. In-loop downstream evals
+        (pretrain/observability/downstream.py) use it."""
 
-    # ---- checkpoints (pretrain/checkpoint.py owns directories, meta.json and loop state) -----------
+    # ---- checkpoints (pretrain/checkpoint/store.py owns directories, meta.json and loop state) -----------
     @abstractmethod
     def checkpoint_meta(self) -> dict:
         """What a later load must know: {"engine", "precision", "layout", ...}; kept in meta.json."""
@@ -119,7 +120,7 @@ class Engine(ABC):
 
     def checkpoint_writer(self, name: str) -> Optional[int]:
         """The global rank that wrote `name` (a path inside the engine's checkpoint directory), if the
-        engine's file naming says: that rank hashes it right after the save (pretrain/integrity.py)."""
+        engine's file naming says: that rank hashes it right after the save (pretrain/checkpoint/integrity.py)."""
         return None
 
     # ---- lifetime ---------------------------------------------------------------------

@@ -21,14 +21,17 @@ import os
 import shutil
 import socket
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..checkpoint import Checkpoint, CheckpointStore, resolve
-from ..config import finalize
+from common.cli import split_overrides
+
+from ..checkpoint.meta import LoopState, checkpoint_meta
+from ..checkpoint.store import Checkpoint, CheckpointStore, resolve
+from ..config.compose import finalize, load_recipe
 from ..config.schema import JobConfig
+from ..data.tokenizer import run_tokenizer
 from ..model.hf_mapping import State, from_hf, hf_config, to_hf, unsupported
 
 
@@ -84,15 +87,6 @@ def model_state(ck: Checkpoint, cfg: JobConfig) -> State:
     return {k: v for k, v in unwrap(engine.model[0]).state_dict().items() if not k.endswith("_extra_state")}
 
 
-def tokenizer_of(cfg: JobConfig):
-    from preprocessing.tokenizer_io import load_tokenizer
-    t = cfg.data.tokenizer
-    if not t.path:
-        raise ValueError("data.tokenizer.path is null in the checkpoint's config: an export needs the tokenizer the "
-                         "run trained with. Fix: set data.tokenizer.path (TOKENIZER=...) when exporting.")
-    return load_tokenizer(t.type, t.path)
-
-
 def hf_model_class(cfg: JobConfig):
     import transformers
     return getattr(transformers, architecture(cfg))
@@ -113,7 +107,7 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
     problems = unsupported(cfg)
     if problems:
         raise ValueError(f"{ck.path}: cannot export to {architecture(cfg)}: " + "; ".join(problems))
-    tok = tokenizer_of(cfg)
+    tok = run_tokenizer(cfg, "an export")
     state = to_hf(model_state(ck, cfg), cfg, tok.vocab_size)
     model = hf_model_class(cfg)(hf_config(cfg, tok.vocab_size, bos=tok.eod, eos=tok.eod))
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -140,10 +134,7 @@ def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
 
     from transformers import AutoModelForCausalLM
 
-    from ..config import to_yaml
     from ..engines.megatron.checkpointing import unwrap
-    from ..loop import LoopState
-    from ..provenance import versions
     hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype="float32")
     engine = megatron_engine(cfg)
     model = unwrap(engine.model[0])
@@ -162,8 +153,7 @@ def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
     store = CheckpointStore(output, keep_last=0)
     directory = store.begin(0)
     engine.save_checkpoint(directory)
-    meta = {"loop": asdict(LoopState()), "consumed_tokens": 0, "engine_state": engine.checkpoint_meta(),
-            "recipe": cfg.name, "config": to_yaml(engine.cfg), "versions": versions(), "imported_from": str(hf_dir)}
+    meta = checkpoint_meta(engine.cfg, LoopState(), engine.checkpoint_meta(), imported_from=str(hf_dir))
     return store.commit(0, meta)
 
 
@@ -183,9 +173,7 @@ def main() -> int:
             print(f">> exported {source} -> {out} (AutoModelForCausalLM.from_pretrained('{out}'))")
             return 0
         if action == "import":
-            from common.cli import split_overrides
 
-            from ..config import load_recipe
             if not env.get("INPUT") or not env.get("OUTPUT"):
                 print("usage: make import-hf INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<checkpoint dir>", file=sys.stderr)
                 return 2

@@ -6,5 +6,5 @@
 * inventory.py - the per-tensor parameter inventory (shapes, TP split) the planner counts;
   tests/test_plan.py checks it against the built model.
 * hf_mapping.py - megatron-core names and layouts <-> Hugging Face GPT-2 / Llama.
+* third_party_warnings.py - silences known third-party warnings; imported before megatron-core.
 """
-from .. import third_party_warnings  # noqa: F401  (before any megatron-core import)

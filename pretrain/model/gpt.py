@@ -1,6 +1,8 @@
 """JobConfig -> megatron-core TransformerConfig and GPTModel (one PP stage / VP chunk)."""
 from __future__ import annotations
 
+from . import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
+
 import importlib.util
 from typing import Optional
 

@@ -20,6 +20,8 @@ so checkpoints of either spec export alike.
 """
 from __future__ import annotations
 
+from . import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
+
 import re
 from typing import Callable, Dict, List, Tuple
 

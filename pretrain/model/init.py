@@ -9,6 +9,8 @@ on the parameter's device (`model.layout_invariant_init=false` keeps megatron-co
 """
 from __future__ import annotations
 
+from . import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
+
 import contextlib
 import hashlib
 import math

@@ -11,9 +11,9 @@ import math
 import re
 from dataclasses import dataclass
 
+from ..config.derive import pipeline_stage_layers
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
-from ..config.validate import pipeline_stage_layers
 from .hf_mapping import TE_NAMES
 
 
@@ -183,3 +183,22 @@ def tp_split_patterns(cfg: JobConfig) -> dict[str, list[str]]:
         for kind in kinds:
             out[kind] += [rf"(.*\.)?{re.escape(name)}$" for name in names]
     return out
+
+
+def flops_per_token(cfg: JobConfig, params: dict) -> dict:
+    """Training FLOPs per token (forward + backward).
+
+    model: 6 * N_matmul + 12 * L * s * (heads * d_head)  -- PaLM (Chowdhery et al. 2022, App. B),
+        N_matmul = every GEMM weight incl. the output projection; attention scores and
+        values counted without the causal-mask discount, as in PaLM's MFU.
+    hardware: adds the recomputed forward: full recompute +2N + 4Ls(HQ); selective +4Ls(HQ).
+    """
+    m, d = cfg.model, cfg.derived
+    attn = 12 * m.num_layers * m.seq_length * m.num_attention_heads * d.kv_channels
+    model = 6 * params["matmul"] + attn
+    hardware = model
+    if cfg.parallel.recompute_granularity == "full":
+        hardware += 2 * params["matmul"] + attn // 3
+    elif cfg.parallel.recompute_granularity == "selective":
+        hardware += attn // 3
+    return {"model": model, "hardware": hardware, "attention": attn}

@@ -1,6 +1,6 @@
 """Third-party warnings that cannot apply to a run, filtered here and nowhere else.
 
-Imported by pretrain/model/ (and so by both engines, the planner and export) before any
+Imported first by each file of pretrain/model/ (and so by both engines, the planner and export) before any
 megatron-core or DeepSpeed module. Each filter says why the warning says nothing to a user.
 """
 from __future__ import annotations

@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .config.schema import JobConfig
-from .model.inventory import count_params
-from .plan import human
+from ..config.schema import JobConfig
+from ..model.inventory import count_params
+from ..plan.estimate import human
 
 
 def _experts(cfg, layout: dict) -> str:

@@ -31,22 +31,7 @@ from typing import Dict, List, Optional
 
 import yaml
 
-
-def downstream_problems(cfg, add) -> None:
-    """Compose-time rules of eval.downstream_* (pretrain/config/validate.py)."""
-    e, p = cfg.eval, cfg.parallel
-    if e.downstream_interval < 0:
-        add(f"eval.downstream_interval={e.downstream_interval} must be >= 0 (0: at each validation).")
-    if e.downstream_limit is not None and e.downstream_limit < 1:
-        add(f"eval.downstream_limit={e.downstream_limit} must be >= 1 (a count of documents), or null for all.")
-    if not e.downstream_tasks:
-        return
-    if p.context_parallel_size > 1:
-        add(f"eval.downstream_tasks with parallel.context_parallel_size={p.context_parallel_size}: the scorer's rows "
-            "are not split over CP ranks. Fix: score the checkpoint with `make eval`, or drop eval.downstream_tasks.")
-    if not cfg.data.tokenizer.path:
-        add("eval.downstream_tasks needs data.tokenizer.path: the tasks are text, tokenised as the export's "
-            "tokenizer does. Fix: set data.tokenizer.path, or drop eval.downstream_tasks.")
+from ..data.tokenizer import run_tokenizer
 
 
 @dataclass
@@ -87,8 +72,7 @@ class LmEvalEncoder:
     def __init__(self, cfg):
         from transformers import AutoTokenizer
 
-        from pretrain.hf.convert import tokenizer_of
-        ours = tokenizer_of(cfg)
+        ours = run_tokenizer(cfg, "eval.downstream_tasks")
         self.vocab_size = ours.vocab_size             # the export's vocabulary: its logits have these columns
         with tempfile.TemporaryDirectory() as tmp:
             ours.save(tmp)

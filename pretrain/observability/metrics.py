@@ -1,8 +1,8 @@
 """Metrics of the loop: a human-readable line, <run_dir>/metrics.jsonl and the experiment trackers
-(`logging.trackers`: TensorBoard, W&B, MLflow; pretrain/trackers/).
+(`logging.trackers`: TensorBoard, W&B, MLflow; pretrain/observability/trackers/).
 
 Throughput: tokens/s over the logging window; model TFLOP/s per device =
-flops_per_token (planner's 6N + 12·L·s·H·Q, pretrain/plan/estimate.py) x tokens/s / devices;
+flops_per_token (planner's 6N + 12·L·s·H·Q, pretrain/model/inventory.py) x tokens/s / devices;
 MFU = that / the device's dense peak (pretrain/plan/hardware.py; none on CPU).
 Memory: max allocated on GPU, resident set size on CPU.
 """
@@ -18,10 +18,10 @@ from typing import Optional
 
 import torch
 
-from .config.schema import JobConfig
-from .model.inventory import count_params
-from .plan.estimate import flops_per_token
-from .plan.hardware import device_name_to_type, peak_tflops
+from ..config.schema import JobConfig
+from ..model.inventory import count_params, flops_per_token
+from ..plan.hardware import device_name_to_type, peak_tflops
+from .trackers.fanout import Trackers
 
 
 def memory_gib() -> float:
@@ -43,7 +43,7 @@ def moe_text(record: dict) -> str:
 
 def open_appending(path: Path):
     """A .jsonl opened for appending; a last line that a kill cut mid-write (no newline at the end) is ended
-    first, so the resumed run's first record is not glued to it (pretrain/report.py leaves the cut line out)."""
+    first, so the resumed run's first record is not glued to it (report.py leaves the cut line out)."""
     cut = False
     if path.exists() and path.stat().st_size:
         with open(path, "rb") as f:
@@ -71,7 +71,6 @@ class Metrics:
             self.events = open_appending(run_dir / "events.jsonl")
             from omegaconf import OmegaConf
 
-            from .trackers.fanout import Trackers
             config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
             self.trackers = Trackers(cfg, run_dir, config, self.event)
 

@@ -2,7 +2,7 @@
 
 Prints steps, tokens, restarts, skipped steps, spikes, rollbacks, throughput and the last
 train/valid/test losses from <run_dir>/metrics.jsonl, events.jsonl and provenance/, and draws
-<run_dir>/report.png (pretrain/report_plot.py): loss with validation loss, LR, grad norm,
+<run_dir>/report.png (pretrain/observability/report_plot.py): loss with validation loss, LR, grad norm,
 tokens/s and memory against the step (tokens on the top axis), the events marked at their
 steps. Reads files only (no torch, no experiment tracker); runs on a login node while training
 goes on, or on a run killed mid-way (a last line cut by the kill is left out and counted).
@@ -13,6 +13,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+from .report_plot import save
 
 
 def read_jsonl(path: Path) -> tuple[list, int]:
@@ -70,7 +72,6 @@ def summarize(run_dir: Path) -> tuple[str, dict]:
 
 
 def plot(run_dir: Path, data: dict) -> Path:
-    from .report_plot import save
 
     s = data["stats"]
     out = run_dir / "report.png"

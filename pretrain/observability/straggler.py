@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from . import REPO_ROOT
+from common.paths import REPO_ROOT
 
 
 def host_name() -> str:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from . import register_optimizer
+from .registry import register_optimizer
 
 
 def _factored_state_bytes(shape: tuple) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import per_element, register_optimizer
+from .registry import per_element, register_optimizer
 
 
 @register_optimizer("adamw", state_bytes=per_element(8), megatron_native="adam", distributed_optimizer=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import per_element, register_optimizer
+from .registry import per_element, register_optimizer
 
 
 class Lion(torch.optim.Optimizer):

@@ -29,7 +29,7 @@ class OptimizerSpec:
     distributed_optimizer: bool = False       # megatron-core's distributed optimizer can shard and save its state
 
 
-OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer", "optim.name", discover=__name__)
+OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer", "optim.name", discover=__package__)
 
 
 def register_optimizer(name: str, *, state_bytes: Callable[[tuple], float], megatron_native: Optional[str] = None,

@@ -1,14 +1,6 @@
-"""Planner: parameters, FLOPs, memory per GPU and time to budget, without a GPU."""
-from ..model.inventory import count_params
-from .estimate import make_plan
+"""`make plan`: parameters, FLOPs, memory per GPU and time to budget, without a GPU (docs/planner.md).
 
-
-def human(n: float) -> str:
-    """1234567 -> '1.23M' (three significant digits)."""
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return f"{n:.3g}"
-
-
-__all__ = ["count_params", "human", "make_plan"]
+* estimate.py - the plan of one recipe; memory.py - memory per GPU; moe.py - MoE terms.
+* hardware.py - accelerator and network tables; perf.py - the step-time model.
+* search.py - `SEARCH=1`: every layout ranked; published.py - the published layouts it is checked on.
+"""

@@ -7,10 +7,10 @@ import os
 import sys
 
 from common.cli import add_recipe_args, env_flag, recipe_and_overrides
+from common.config import ConfigError
 
-from ..config import ConfigError, load_recipe
-from . import human
-from .estimate import make_plan
+from ..config.compose import load_recipe
+from .estimate import human, make_plan
 from .search import as_dict, search
 from .search import render as render_search
 

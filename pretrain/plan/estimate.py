@@ -4,31 +4,12 @@ from __future__ import annotations
 from typing import Optional
 
 from ..config.schema import JobConfig
-from ..model.inventory import count_params
+from ..model.inventory import count_params, flops_per_token
 from .hardware import peak_tflops
 from .memory import memory_per_gpu
 from .moe import moe_plan
 
 CHINCHILLA_TOKENS_PER_PARAM = 20   # Hoffmann et al. 2022, compute-optimal rule of thumb
-
-
-def flops_per_token(cfg: JobConfig, params: dict) -> dict:
-    """Training FLOPs per token (forward + backward).
-
-    model: 6 * N_matmul + 12 * L * s * (heads * d_head)  -- PaLM (Chowdhery et al. 2022, App. B),
-        N_matmul = every GEMM weight incl. the output projection; attention scores and
-        values counted without the causal-mask discount, as in PaLM's MFU.
-    hardware: adds the recomputed forward: full recompute +2N + 4Ls(HQ); selective +4Ls(HQ).
-    """
-    m, d = cfg.model, cfg.derived
-    attn = 12 * m.num_layers * m.seq_length * m.num_attention_heads * d.kv_channels
-    model = 6 * params["matmul"] + attn
-    hardware = model
-    if cfg.parallel.recompute_granularity == "full":
-        hardware += 2 * params["matmul"] + attn // 3
-    elif cfg.parallel.recompute_granularity == "selective":
-        hardware += attn // 3
-    return {"model": model, "hardware": hardware, "attention": attn}
 
 
 def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: float = 0.4) -> dict:
@@ -73,3 +54,11 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: float = 0.4) -> d
     if cfg.moe.enabled:     # FLOPs above already count the active parameters only (inventory's `matmul`)
         plan["moe"] = moe_plan(cfg, params)
     return plan
+
+
+def human(n: float) -> str:
+    """1234567 -> '1.23M' (three significant digits)."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"

@@ -16,10 +16,10 @@ Sources (formulas in docs/planner.md):
 """
 from __future__ import annotations
 
+from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
-from ..config.validate import pipeline_stage_layers
 from ..model.inventory import layer_kinds, stage_tensors
-from ..optim import OPTIMIZERS
+from ..optim.registry import OPTIMIZERS
 
 GIB = 1024**3
 
@@ -67,7 +67,7 @@ def activation_bytes_per_layer(cfg: JobConfig, granularity: str | None = "recipe
     if moe:
         mlp = _moe_mlp_bytes(cfg, s * b / sp, e)
     core = 0.0
-    # data.document_mask on CPU materialises the scores whatever the backend says (pretrain/packing.py)
+    # data.document_mask on CPU materialises the scores whatever the backend says (pretrain/data/packing.py)
     flash = m.attention_backend in ("flash", "fused", "auto") and not doc_mask(cfg)
     if granularity != "selective" and not flash:
         # softmax output, plus dropout mask and output when attention dropout is on

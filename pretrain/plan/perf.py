@@ -40,10 +40,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
-from ..config.validate import pipeline_stage_layers
-from ..model.inventory import layer_tensors
-from .estimate import flops_per_token
+from ..model.inventory import flops_per_token, layer_tensors
 from .hardware import (
     ATTENTION_FRACTION,
     ATTENTION_MATMULS,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config import load_recipe
+from ..config.compose import load_recipe
 from .search import describe, search
 
 CASES = Path(__file__).with_name("published.yaml")

@@ -20,8 +20,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-from ..config import ConfigError, JobConfig
+from common.config import ConfigError
+
 from ..config.derive import derive
+from ..config.schema import JobConfig
 from ..config.validate import validate
 from .hardware import device
 from .memory import memory_per_gpu, stage_param_bytes

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from common.cli import env_flag, split_overrides
 from common.config import ConfigError
-from pretrain import REPO_ROOT
+from common.paths import REPO_ROOT
 
 from .fit import bootstrap, fit_law
 from .ladder import collect, load_ladder, plan, run, train_split_tokens

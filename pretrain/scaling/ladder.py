@@ -30,9 +30,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from common.config import ConfigError, doc
-from pretrain import REPO_ROOT
-from pretrain.config import JobConfig, load_recipe
-from pretrain.config.compose import from_yaml
+from common.paths import REPO_ROOT
+from pretrain.config.compose import from_yaml, load_recipe
+from pretrain.config.schema import JobConfig
 from pretrain.model.inventory import count_params
 
 LADDER_DIR = REPO_ROOT / "conf" / "ladder"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
-from .checkpoint import Checkpoint, known_good
+from ..checkpoint.store import Checkpoint, known_good
 
 
 class Recovery:

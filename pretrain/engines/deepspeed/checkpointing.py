@@ -1,4 +1,4 @@
-"""DeepSpeed checkpoints inside our step directories (pretrain/checkpoint.py owns atomicity).
+"""DeepSpeed checkpoints inside our step directories (pretrain/checkpoint/store.py owns atomicity).
 
     step_N.tmp/model_optim_rng/   DeepSpeed's tag folder: mp_rank_XX_model_states.pt (module,
                                   per TP rank), zero_pp_rank_D_mp_rank_XX_optim_states.pt (ZeRO

@@ -16,7 +16,7 @@ from typing import Dict
 
 import torch
 
-from ...checkpoint import ENGINE_DIR, resolve
+from ...checkpoint.store import ENGINE_DIR, resolve
 
 
 def _module_weights(engine_dir: Path) -> Dict[str, torch.Tensor]:

@@ -16,9 +16,10 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List
 
-from ... import REPO_ROOT
+from common.paths import REPO_ROOT
+
 from ...config.schema import JobConfig
-from ...trackers import active_trackers
+from ...observability.trackers.registry import active_trackers
 
 DS_CONFIGS = REPO_ROOT / "ds_configs"
 AUTO = "auto"

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ...config.schema import JobConfig
-from ...packing import model_inputs, uses_thd
+from ...data.packing import model_inputs, uses_thd
 from ..base import Engine, StepResult, label_logprobs
 from ..common import exempt_from_weight_decay, init_distributed, token_mean_loss
 from . import cpu_compat
@@ -159,7 +159,7 @@ class DeepSpeedEngine(Engine):
     def _micro_losses(self, batch: Dict[str, torch.Tensor]):
         z = self.cfg.model.z_loss_coeff
         batch = model_inputs({k: v.to(self._device(), non_blocking=True) for k, v in batch.items()},
-                             uses_thd(self.cfg, self.on_cpu))                # data.document_mask: pretrain/packing.py
+                             uses_thd(self.cfg, self.on_cpu))            # data.document_mask: data/packing.py
         output = self.ds(batch["tokens"], batch["position_ids"], batch["attention_mask"],
                          labels=None if z else batch["labels"], packed_seq_params=batch["packed_seq_params"])
         return token_mean_loss(z, batch["loss_mask"], batch["labels"], output)
@@ -237,7 +237,7 @@ class DeepSpeedEngine(Engine):
                                       vocab_size))
         return torch.stack(out).cpu()
 
-    # ---- checkpoints (pretrain/checkpoint.py owns directories and loop state) -----------
+    # ---- checkpoints (pretrain/checkpoint/store.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:
         return {"engine": self.name, "precision": self.cfg.precision.dtype, "zero_stage": self.cfg.deepspeed.zero_stage,
                 "layout": self.layout()}

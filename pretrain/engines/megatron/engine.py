@@ -21,9 +21,9 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank
 
 from ...config.schema import JobConfig
+from ...data.packing import model_inputs, scored_tokens, uses_thd
 from ...model.gpt import build_gpt_model, transformer_config
 from ...model.init import layout_invariant_init
-from ...packing import model_inputs, scored_tokens, uses_thd
 from ..base import Engine, StepResult, label_logprobs
 from ..common import context_parallel_loss, init_distributed, token_mean_loss
 from . import checkpointing, cpu_compat, optimizer_state
@@ -250,7 +250,7 @@ class MegatronEngine(Engine):
                            group=ps.get_pipeline_model_parallel_group())
         return result.cpu()
 
-    # ---- checkpoints (pretrain/checkpoint.py owns directories and loop state) -----------
+    # ---- checkpoints (pretrain/checkpoint/store.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:
         return {"engine": self.name, "precision": self.cfg.precision.dtype, "layout": self.layout(),
                 "distrib_optim_sharding_type": self.cfg.checkpoint.distrib_optim_sharding_type}

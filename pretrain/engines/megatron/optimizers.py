@@ -14,7 +14,7 @@ from megatron.core.optimizer import OptimizerConfig, ParamGroupOverride, ParamKe
 from megatron.core.optimizer.optimizer_config import ParamWithNamePredicate
 
 from ...config.schema import JobConfig
-from ...optim import OPTIMIZERS
+from ...optim.registry import OPTIMIZERS
 from ..common import exempt_from_weight_decay
 
 

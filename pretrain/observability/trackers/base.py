@@ -39,7 +39,7 @@ class Tracker(ABC):
     @abstractmethod
     def annotate(self, config: dict, provenance: dict) -> None:
         """Once per start: the resolved config, and provenance {'start': start-<n>.json's dict,
-        'files': {name: path}} (pretrain/provenance.py's files)."""
+        'files': {name: path}} (pretrain/observability/provenance.py's files)."""
 
     @abstractmethod
     def event(self, record: dict) -> None:

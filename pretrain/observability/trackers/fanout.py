@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..report import read_jsonl
-from . import TRACKERS, active_trackers
 from .base import Tracker
+from .registry import TRACKERS, active_trackers
 
 KINDS = ("train", "valid", "test")       # the order of the records of one step in metrics.jsonl
 
@@ -41,7 +41,7 @@ def scalars_of(record: dict) -> dict:
 
 
 def provenance(run_dir: Path) -> dict:
-    """The newest start's provenance (pretrain/provenance.py) and the files to attach to the run."""
+    """The newest start's provenance (pretrain/observability/provenance.py) and the files to attach to the run."""
     prov = run_dir / "provenance"
     starts = sorted(prov.glob("start-*.json"), key=lambda p: int(p.stem[6:]))
     files = [run_dir / "config.yaml", prov / "pip-freeze.txt", prov / "git.diff", *starts[-1:]]

@@ -12,8 +12,8 @@ import os
 import time
 from typing import Optional
 
-from . import register_tracker
 from .base import Tracker
+from .registry import register_tracker
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

@@ -8,13 +8,11 @@ recipe never imports wandb or mlflow; whether it is importable is checked at com
 """
 from __future__ import annotations
 
-import importlib.util
-
 from common.registry import Registry
 
 from .base import Tracker
 
-TRACKERS: Registry[type[Tracker]] = Registry("tracker", "logging.trackers", discover=__name__)
+TRACKERS: Registry[type[Tracker]] = Registry("tracker", "logging.trackers", discover=__package__)
 
 
 def register_tracker(name: str):
@@ -30,16 +28,3 @@ def active_trackers(cfg) -> list[str]:
     """The trackers the run starts, in the order named, with `logging.tensorboard=false` applied."""
     names = list(dict.fromkeys(cfg.logging.trackers))
     return [n for n in names if n != "tensorboard" or cfg.logging.tensorboard]
-
-
-def tracker_problems(cfg, add) -> None:
-    """Compose-time rules: known names, and a library this interpreter can import."""
-    for name in cfg.logging.trackers:
-        if name not in TRACKERS:
-            add(f"logging.trackers has {name!r}; registered trackers are {list(TRACKERS.names())}. Fix: pick from "
-                "those (or register one under that name, pretrain/trackers/).")
-        elif name in active_trackers(cfg):
-            cls = TRACKERS.get(name)
-            if cls.module and importlib.util.find_spec(cls.module) is None:
-                add(f"logging.trackers has {name!r} but its library {cls.module!r} is not importable here. Fix: "
-                    f"{cls.pip} (pinned in constraints.txt), or drop {name!r} from logging.trackers.")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from . import register_tracker
 from .base import Tracker
+from .registry import register_tracker
 
 
 @register_tracker("tensorboard")

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from . import register_tracker
 from .base import Tracker
+from .registry import register_tracker
 
 
 def history_steps(wandb_file: Path) -> list[dict]:

@@ -1,0 +1,1 @@
+"""Hydra search-path plugin (searchpath.py): recipes in recipes/ compose option groups from conf/."""
