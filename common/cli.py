@@ -1,13 +1,19 @@
 """Shared command-line handling: `RECIPE [overrides...]`, or RECIPE/OVERRIDES from the
 environment (how the Makefile passes them: never through shell text, so quotes, spaces
-and `$(...)` inside overrides arrive unchanged and are never executed), and the one parser
-of on/off environment flags (DRY_RUN, JSON)."""
+and `$(...)` inside overrides arrive unchanged and are never executed), the one parser
+of on/off environment flags (DRY_RUN, JSON), and every command's epilogue (`command`)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import sys
+from typing import Callable, Optional
+
+from .config import ConfigError
 
 OFF = ("", "0", "false", "no", "off")
+DEFAULT_RECIPE = "gpt-tiny"
 
 
 def split_overrides(text: str) -> list[str]:
@@ -44,10 +50,36 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.num_layers=12; default $OVERRIDES")
 
 
+def recipe_from_env(default: Optional[str] = DEFAULT_RECIPE) -> Optional[str]:
+    """$RECIPE (how every make target names the recipe); unset or empty: `default`."""
+    return os.environ.get("RECIPE") or default
+
+
+def overrides_from_env(name: str = "OVERRIDES") -> list[str]:
+    """$OVERRIDES (or another variable of override syntax, e.g. SWEEP) split as `split_overrides` does."""
+    return split_overrides(os.environ.get(name, ""))
+
+
 def recipe_and_overrides(args: argparse.Namespace) -> tuple[str, list[str]]:
-    recipe = args.recipe or os.environ.get("RECIPE") or "gpt-tiny"
-    overrides = list(args.overrides) or split_overrides(os.environ.get("OVERRIDES", ""))
-    return recipe, overrides
+    """Positional RECIPE and overrides when given, else the environment's."""
+    return args.recipe or recipe_from_env(), list(args.overrides) or overrides_from_env()
+
+
+def command(main: Optional[Callable[..., Optional[int]]] = None, *, also: tuple = (), prefix: str = ""):
+    """Every command's epilogue, as `@command` or `@command(also=(ValueError, ...))`: a ConfigError (bad
+    recipe, override or config file: its message names the field and the fix), or one of the `also`
+    errors a command expects (a missing file, bad input), is printed as one line without a traceback and
+    the exit status is 2; otherwise main's own status (None: 0)."""
+    def wrap(fn: Callable[..., Optional[int]]) -> Callable[..., int]:
+        @functools.wraps(fn)
+        def run(*args, **kwargs) -> int:
+            try:
+                return fn(*args, **kwargs) or 0
+            except (ConfigError, *also) as err:
+                print(f"{prefix}{err}", file=sys.stderr)
+                return 2
+        return run
+    return wrap(main) if main is not None else wrap
 
 
 def env_flag(name: str) -> bool:

@@ -27,8 +27,7 @@ from typing import Dict, Iterable, List
 
 import yaml
 
-from common.cli import split_overrides
-from common.config import ConfigError
+from common.cli import command, overrides_from_env, recipe_from_env
 from preprocessing.blend import read_blend
 from preprocessing.fetch import CACHE, download
 from pretrain.config.compose import load_recipe
@@ -173,23 +172,20 @@ def write_heldout(blend: str | Path, out: Path = TASKS_DIR, log=print) -> str:
     return name
 
 
+@command(also=(FileNotFoundError, ValueError))
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", default=os.environ.get("TASKS") or ",".join(DEFAULT_BIGBENCH),
                         help="comma-separated BIG-bench task names")
-    parser.add_argument("--recipe", default=os.environ.get("RECIPE", "gpt-tiny"),
+    parser.add_argument("--recipe", default=recipe_from_env(),
                         help="recipe whose data.blend gives the held-out perplexity task")
     parser.add_argument("--output", default=os.environ.get("OUTPUT") or str(TASKS_DIR))
     args = parser.parse_args()
-    try:
-        out = Path(args.output)
-        write_bigbench([t.strip() for t in args.tasks.split(",") if t.strip()], out)
-        job = load_recipe(args.recipe, split_overrides(os.environ.get("OVERRIDES", "")))
-        if job.data.blend and not job.data.mock:
-            write_heldout(job.data.blend, out)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        print(err, file=sys.stderr)
-        return 2
+    out = Path(args.output)
+    write_bigbench([t.strip() for t in args.tasks.split(",") if t.strip()], out)
+    job = load_recipe(args.recipe, overrides_from_env())
+    if job.data.blend and not job.data.mock:
+        write_heldout(job.data.blend, out)
     print(f">> task YAMLs in {out}: make eval RUN=<run_dir> [TASKS=...] [LIMIT=N]")
     return 0
 

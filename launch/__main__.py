@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from common.cli import env_flag, split_overrides
+from common.cli import command, env_flag, overrides_from_env, recipe_from_env
 from common.config import ConfigError
 from launch.preprocess import dry_run as preprocess_scripts
 from launch.preprocess import dry_run_local, submit_pipeline
@@ -144,13 +144,10 @@ def runs_here(job, dry_run: bool = False) -> bool:
     return c.launcher == "local"
 
 
+@command
 def main() -> int:
-    recipe = os.environ.get("RECIPE", "gpt-tiny")
-    try:
-        job = load_recipe(recipe, split_overrides(os.environ.get("OVERRIDES", "")))
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        return 2
+    recipe = recipe_from_env()
+    job = load_recipe(recipe, overrides_from_env())
     run_dir = Path(job.run_dir)
     dry_run = env_flag("DRY_RUN")
     try:
@@ -190,12 +187,8 @@ def print_dry_run(job, recipe: str, run_dir: Path, local: bool) -> int:
     """DRY_RUN=1: the resolved config, what preprocessing would run first (a missing blend) and the launch
     script; nothing is written or submitted."""
     print(f"# resolved config of {recipe} (would be {run_dir / 'config.yaml'})\n{to_yaml(job)}")
-    try:
-        cfg = missing_blend_config(job)
-        plan = None if cfg is None else dry_run_local(cfg) if local else preprocess_scripts(cfg)
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        return 2
+    cfg = missing_blend_config(job)
+    plan = None if cfg is None else dry_run_local(cfg) if local else preprocess_scripts(cfg)
     if plan is not None:
         print(f"# {job.data.blend} is missing: preprocessing config {job.data.preprocess} runs first\n{plan}")
     after = " --dependency=afterok:<last preprocessing job> --kill-on-invalid-dep=yes" if cfg and not local else ""

@@ -32,7 +32,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, open_dict
 
-from common.cli import split_overrides
+from common.cli import command, overrides_from_env, recipe_from_env
 from common.config import ConfigError
 from common.paths import RECIPES_DIR, REPO_ROOT
 from pretrain.config.compose import finalize, load_recipe, to_yaml
@@ -132,9 +132,10 @@ def summarize(sweep_dir: Path) -> str:
                       f"--logdir {shlex.quote(str(sweep_dir))}", f">> plots: make compare RUNS={shlex.quote(runs)}"])
 
 
+@command
 def main() -> int:
-    recipe = os.environ.get("RECIPE", "gpt-tiny")
-    sweep, overrides = split_overrides(os.environ.get("SWEEP", "")), split_overrides(os.environ.get("OVERRIDES", ""))
+    recipe = recipe_from_env()
+    sweep, overrides = overrides_from_env("SWEEP"), overrides_from_env()
     if not sweep:
         print("usage: make ablate RECIPE=<recipe> SWEEP='key=a,b key2=c,d' [OVERRIDES='...']", file=sys.stderr)
         return 2
@@ -146,9 +147,8 @@ def main() -> int:
         job = load_recipe(recipe, overrides + combos[0])
         for combo in combos[1:]:
             load_recipe(recipe, overrides + combo)
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        return 2
+    except ConfigError:
+        raise
     except Exception as err:   # Hydra's override grammar
         print(f"SWEEP={os.environ.get('SWEEP')!r}: {err}", file=sys.stderr)
         return 2

@@ -38,7 +38,7 @@ from typing import List, Optional
 
 from omegaconf import OmegaConf
 
-from common.cli import env_flag, split_overrides
+from common.cli import env_flag, overrides_from_env, recipe_from_env
 from common.config import ConfigError
 from common.paths import REPO_ROOT
 from common.slurm_values import sbatch_problems
@@ -114,7 +114,7 @@ def config_name(args: argparse.Namespace) -> str:
     """--config, else $PREPROCESS_CONFIG (make's PREPROCESS), else the data.preprocess of $RECIPE (gpt-tiny)."""
     if args.config or os.environ.get("PREPROCESS_CONFIG"):
         return args.config or os.environ["PREPROCESS_CONFIG"]
-    return load_recipe(os.environ.get("RECIPE") or "gpt-tiny").data.preprocess
+    return load_recipe(recipe_from_env()).data.preprocess
 
 
 def load(argv: Optional[List[str]] = None) -> PreprocessConfig:
@@ -123,7 +123,7 @@ def load(argv: Optional[List[str]] = None) -> PreprocessConfig:
     parser.add_argument("--config", default=None, help="preprocessing/conf/<name>.yaml, or a resolved YAML file")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the preprocessing config; default $OVERRIDES")
     args = parser.parse_args(argv)
-    return load_config(config_name(args), args.overrides or split_overrides(os.environ.get("OVERRIDES", "")))
+    return load_config(config_name(args), args.overrides or overrides_from_env())
 
 
 @cli_main

@@ -9,16 +9,14 @@ so no path is ever spliced into override syntax or shell text.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
-import sys
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
 from common import registry
-from common.cli import split_overrides
+from common.cli import command, overrides_from_env
 from common.config import ConfigError, compose_dir
 
 from .config import PreprocessConfig  # importing it registers `preprocess_schema` with Hydra
@@ -28,16 +26,8 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 FIELDS_HINT = "check the key's spelling and type; preprocessing/config.py documents every field."
 
 
-def cli_main(fn):
-    """Print expected failures (bad config, bad input, missing files) as one clear message."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (ConfigError, BadInputError, FileNotFoundError, ValueError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-    return wrapper
+# A stage's epilogue: expected failures (bad config, bad input, missing files) as one clear message.
+cli_main = command(also=(BadInputError, FileNotFoundError, ValueError), prefix="error: ")
 
 
 def import_modules(cfg: PreprocessConfig, source: str) -> PreprocessConfig:
@@ -85,7 +75,7 @@ def stage_args(stage: str, argv: Optional[List[str]] = None,
     if extra:
         extra(parser)
     args, overrides = parser.parse_known_args(argv)
-    cfg = load_config(args.config, overrides or split_overrides(os.environ.get("OVERRIDES", "")))
+    cfg = load_config(args.config, overrides or overrides_from_env())
     if args.input:
         cfg.input.paths = list(args.input)
     return args, cfg

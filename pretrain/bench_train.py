@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from common.cli import split_overrides
+from common.cli import overrides_from_env, recipe_from_env
 
 from .config.compose import load_recipe
 
@@ -29,9 +29,9 @@ def main() -> int:
     from .observability.metrics import Metrics
 
     steps, rounds = int(os.environ.get("BENCH_STEPS", 10)), int(os.environ.get("BENCH_ROUNDS", 3))
-    cfg = load_recipe(os.environ.get("RECIPE", "gpt-tiny"),
+    cfg = load_recipe(recipe_from_env(),
                       ["cluster.devices_per_node=1", f"schedule.train_iters={steps * rounds * 2 + 4}",
-                       "logging.tensorboard=false", *split_overrides(os.environ.get("OVERRIDES", ""))])
+                       "logging.tensorboard=false", *overrides_from_env()])
     engine = MegatronEngine(cfg)
     train, _, _ = build_datasets(cfg, cfg.batch.global_batch_size * (steps + 2), 1, 1)
     batches = StepBatches(train, cfg.batch.micro_batch_size, 0, 1)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from common.config import ConfigError
+from common.cli import command
 from common.paths import RECIPES_DIR
 
 from .config.compose import finalize, from_yaml, to_yaml
@@ -69,23 +69,14 @@ def _train(job: JobConfig, engine, run_dir: Path) -> int:
 
 @hydra.main(config_path=str(RECIPES_DIR), config_name="gpt-tiny", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> None:
-    try:
-        job = finalize(cfg, HydraConfig.get().job.config_name)
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        sys.exit(2)
-    code = run(job)
+    code = command(lambda: run(finalize(cfg, HydraConfig.get().job.config_name)))()
     if code:
         sys.exit(code)
 
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--config":
-        try:
-            sys.exit(run(from_yaml(sys.argv[2])))
-        except ConfigError as err:
-            print(err, file=sys.stderr)
-            sys.exit(2)
+        sys.exit(command(lambda: run(from_yaml(sys.argv[2])))())
     if not any(arg.startswith(("hydra.run.dir", "hydra.sweep.dir")) for arg in sys.argv):
         # Hydra's own logs go into the run directory instead of ./outputs/<date>/<time>.
         sys.argv += ["hydra.run.dir=${run_dir}", "hydra.sweep.dir=${run_dir}/multirun"]

@@ -11,8 +11,7 @@ import os
 import sys
 import time
 
-from common.cli import split_overrides
-from common.config import ConfigError
+from common.cli import command, overrides_from_env, recipe_from_env
 
 from ..config.compose import config_diff, load_recipe
 from .store import damage, resolve
@@ -56,16 +55,13 @@ def describe(ckpt_path: str, recipe: str | None, overrides: list[str]) -> str:
     return "\n".join(lines)
 
 
+@command(also=(FileNotFoundError, ValueError))
 def main() -> int:
     ckpt = os.environ.get("CKPT") or (sys.argv[1] if len(sys.argv) > 1 else "")
     if not ckpt:
         print("usage: make ckpt-info CKPT=<checkpoint dir | step dir> [RECIPE=... OVERRIDES=...]", file=sys.stderr)
         return 2
-    try:
-        print(describe(ckpt, os.environ.get("RECIPE"), split_overrides(os.environ.get("OVERRIDES", ""))))
-    except (FileNotFoundError, ValueError, ConfigError) as err:
-        print(err, file=sys.stderr)
-        return 2
+    print(describe(ckpt, recipe_from_env(default=None), overrides_from_env()))
     return 0
 
 

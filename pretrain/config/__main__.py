@@ -8,8 +8,7 @@ import argparse
 import dataclasses
 import sys
 
-from common.cli import add_recipe_args, recipe_and_overrides
-from common.config import ConfigError
+from common.cli import add_recipe_args, command, recipe_and_overrides
 
 from .compose import load_recipe, to_yaml
 from .schema import JobConfig
@@ -28,6 +27,7 @@ def describe(cls=JobConfig, prefix: str = "") -> list[str]:
     return lines
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pretrain.config", description=__doc__)
     add_recipe_args(parser)
@@ -37,11 +37,7 @@ def main(argv=None) -> int:
         print("\n".join(describe()))
         return 0
     recipe, overrides = recipe_and_overrides(args)
-    try:
-        print(to_yaml(load_recipe(recipe, overrides)), end="")
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        return 2
+    print(to_yaml(load_recipe(recipe, overrides)), end="")
     return 0
 
 

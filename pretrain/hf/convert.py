@@ -25,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from common.cli import split_overrides
+from common.cli import command, overrides_from_env, recipe_from_env
 
 from ..checkpoint.meta import LoopState, checkpoint_meta
 from ..checkpoint.store import Checkpoint, CheckpointStore, resolve
@@ -157,34 +157,30 @@ def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
     return store.commit(0, meta)
 
 
+@command(also=(FileNotFoundError, ValueError))
 def main() -> int:
     action = sys.argv[1] if len(sys.argv) > 1 else ""
     env = os.environ
-    try:
-        if action == "export":
-            source = env.get("CKPT") or (str(Path(env["RUN"]) / "checkpoints") if env.get("RUN") else "")
-            if env.get("STEP"):
-                source = str(Path(source) / f"step_{int(env['STEP']):08d}")
-            if not source or not env.get("OUTPUT"):
-                print("usage: make export RUN=<run_dir> | CKPT=<checkpoint> OUTPUT=<dir> [STEP=N] [TOKENIZER=...]",
-                      file=sys.stderr)
-                return 2
-            out = export(source, env["OUTPUT"], env.get("TOKENIZER") or None)
-            print(f">> exported {source} -> {out} (AutoModelForCausalLM.from_pretrained('{out}'))")
-            return 0
-        if action == "import":
-
-            if not env.get("INPUT") or not env.get("OUTPUT"):
-                print("usage: make import-hf INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<checkpoint dir>", file=sys.stderr)
-                return 2
-            cfg = load_recipe(env.get("RECIPE", "gpt-tiny"), split_overrides(env.get("OVERRIDES", "")))
-            out = import_hf(env["INPUT"], cfg, env["OUTPUT"])
-            print(f">> imported {env['INPUT']} -> {out}; start from it with checkpoint.load={env['OUTPUT']} "
-                  "checkpoint.load_weights_only=true")
-            return 0
-    except (FileNotFoundError, ValueError) as err:
-        print(err, file=sys.stderr)
-        return 2
+    if action == "export":
+        source = env.get("CKPT") or (str(Path(env["RUN"]) / "checkpoints") if env.get("RUN") else "")
+        if env.get("STEP"):
+            source = str(Path(source) / f"step_{int(env['STEP']):08d}")
+        if not source or not env.get("OUTPUT"):
+            print("usage: make export RUN=<run_dir> | CKPT=<checkpoint> OUTPUT=<dir> [STEP=N] [TOKENIZER=...]",
+                  file=sys.stderr)
+            return 2
+        out = export(source, env["OUTPUT"], env.get("TOKENIZER") or None)
+        print(f">> exported {source} -> {out} (AutoModelForCausalLM.from_pretrained('{out}'))")
+        return 0
+    if action == "import":
+        if not env.get("INPUT") or not env.get("OUTPUT"):
+            print("usage: make import-hf INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<checkpoint dir>", file=sys.stderr)
+            return 2
+        cfg = load_recipe(recipe_from_env(), overrides_from_env())
+        out = import_hf(env["INPUT"], cfg, env["OUTPUT"])
+        print(f">> imported {env['INPUT']} -> {out}; start from it with checkpoint.load={env['OUTPUT']} "
+              "checkpoint.load_weights_only=true")
+        return 0
     print("usage: python -m pretrain.hf.convert export|import", file=sys.stderr)
     return 2
 

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from common.cli import add_recipe_args, env_flag, recipe_and_overrides
+from common.cli import add_recipe_args, command, env_flag, recipe_and_overrides
 from common.config import ConfigError
 
 from ..config.compose import load_recipe
@@ -51,6 +51,7 @@ def render(plan: dict) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pretrain.plan", description=__doc__)
     add_recipe_args(parser)
@@ -63,11 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=int(os.environ.get("TOP") or 5), help="layouts to print")
     args = parser.parse_args(argv)
     recipe, overrides = recipe_and_overrides(args)
-    try:
-        cfg = load_recipe(recipe, overrides)
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        return 2
+    cfg = load_recipe(recipe, overrides)
     as_json = args.json or env_flag("JSON")
     if args.search or env_flag("SEARCH"):
         try:

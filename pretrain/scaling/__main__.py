@@ -16,8 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from common.cli import env_flag, split_overrides
-from common.config import ConfigError
+from common.cli import command, env_flag, overrides_from_env
 from common.paths import REPO_ROOT
 
 from .fit import bootstrap, fit_law
@@ -34,18 +33,15 @@ def describe(groups) -> str:
     return "\n".join(lines + [f"  {len(lines) - 1} runs, {total:.3g} FLOPs (6ND, non-embedding N) in all"])
 
 
+@command(also=(ValueError,))
 def main() -> int:
     refit = os.environ.get("RUN")
     name = os.environ.get("LADDER") or (Path(refit).name if refit else "demo")
-    try:
-        if refit and (Path(refit) / "ladder.yaml").is_file():
-            cfg = load_ladder(str(Path(refit) / "ladder.yaml"))
-        else:
-            cfg = load_ladder(os.environ.get("LADDER") or "demo")
-        groups = None if refit else plan(cfg, split_overrides(os.environ.get("OVERRIDES", "")))
-    except (ConfigError, ValueError) as err:
-        print(err, file=sys.stderr)
-        return 2
+    if refit and (Path(refit) / "ladder.yaml").is_file():
+        cfg = load_ladder(str(Path(refit) / "ladder.yaml"))
+    else:
+        cfg = load_ladder(os.environ.get("LADDER") or "demo")
+    groups = None if refit else plan(cfg, overrides_from_env())
     notes = []
     if groups:
         print(f">> ladder {name}: recipe {cfg.recipe}\n{describe(groups)}", flush=True)
