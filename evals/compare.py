@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import List, Tuple
 
-from pretrain.observability.report import _jsonl, summarize
+from pretrain.observability.report import read_jsonl, summarize
 from pretrain.observability.report_plot import last_per_step
 
 COLUMNS = ("steps", "tokens", "train_loss", "valid_loss", "valid_ppl", "test_loss", "median_tokens_per_s", "mfu")
@@ -45,7 +45,7 @@ def figure(runs: List[Path]):
     fig, (ax_train, ax_valid) = plt.subplots(1, 2, figsize=(12, 4.5))
     curves = 0
     for run in runs:
-        records = _jsonl(run / "metrics.jsonl")
+        records, _ = read_jsonl(run / "metrics.jsonl")
         train = last_per_step([r for r in records if r["kind"] == "train"])
         tokens_at = {r["step"]: r["consumed_tokens"] for r in train}
         ax_train.plot([r["consumed_tokens"] for r in train], [r["loss"] for r in train], label=run.name)

@@ -24,6 +24,8 @@ import xxhash
 
 from common.digest import file_digest as sha256
 
+from ..dist import rank, world_size
+
 WriterOf = Callable[[str], Optional[int]]      # a file's path in the engine directory -> the rank that wrote it
 CHUNK = 8 << 20
 
@@ -34,12 +36,6 @@ def xxh3(path: Path) -> str:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def shares(sizes: Dict[str, int], world: int, writer_of: Optional[WriterOf] = None) -> List[List[str]]:
@@ -71,9 +67,8 @@ def gathered_digests(root: Path, sizes: Dict[str, int], fast: bool, strong: bool
                      writer_of: Optional[WriterOf] = None) -> Dict[str, Dict[str, str]]:
     """{"xxh3": {file: hex}, "sha256": {...}} of every file in `sizes` (kinds turned off are empty);
     collective: every rank hashes its share, every rank returns the whole."""
-    rank, world = _world()
     mine = {"xxh3": {}, "sha256": {}}
-    for rel in shares(sizes, world, writer_of)[rank]:
+    for rel in shares(sizes, world_size(), writer_of)[rank()]:
         if fast:
             mine["xxh3"][rel] = xxh3(root / rel)
         if strong:
@@ -98,11 +93,10 @@ def agreed_digest_problems(step_dir: Path, meta: dict, fast: bool, strong: bool,
                            writer_of: Optional[WriterOf] = None) -> List[str]:
     """Files whose bytes differ from the digests meta.json recorded (xxh3 when `fast`, sha256 when
     `strong`, each where recorded); collective, the same list on every rank."""
-    rank, world = _world()
     fast_sums = meta.get("xxh3", {}) if fast else {}
     strong_sums = meta.get("sha256", {}) if strong else {}
     mine = []
-    for rel in shares(meta["files"], world, writer_of)[rank]:
+    for rel in shares(meta["files"], world_size(), writer_of)[rank()]:
         if rel in fast_sums and xxh3(step_dir / rel) != fast_sums[rel]:
             mine.append(f"{rel} does not match its xxh3 digest (bytes changed since the save)")
         elif rel in strong_sums and sha256(step_dir / rel) != strong_sums[rel]:
@@ -111,9 +105,9 @@ def agreed_digest_problems(step_dir: Path, meta: dict, fast: bool, strong: bool,
 
 
 def _all_gather(obj) -> list:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if world_size() == 1:
         return [obj]
-    out = [None] * dist.get_world_size()
+    out = [None] * world_size()
     dist.all_gather_object(out, obj)
     return out
 

@@ -31,6 +31,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch.distributed as dist
 
+from ..dist import rank
 from .integrity import WriterOf, agreed_digest_problems, gathered_digests, size_problems, sizes_of, summary
 
 FORMAT = "pretrain-checkpoint/1"
@@ -68,14 +69,10 @@ def known_good(meta: dict) -> bool:
 def _from_rank0(value: Callable[[], object]) -> object:
     """value() on rank 0 only (one reader of directories and meta.json; ranks reading them apart could
     disagree while a save or a damage is under way), its result on every rank."""
-    box = [value() if _rank() == 0 else None]
+    box = [value() if rank() == 0 else None]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _barrier() -> None:
@@ -143,7 +140,7 @@ def first_intact(paths: List[Path], strong: bool, fast: bool = True, writer_of: 
     """The first of `paths` (rank 0's list) that passes every check, and those skipped before it.
     Collective when torch.distributed is up: rank 0 reads each meta.json and checks sizes, every rank
     verifies the digests of its share (pretrain/checkpoint/integrity.py), every rank returns the same Decision."""
-    remaining = iter(paths) if _rank() == 0 else None
+    remaining = iter(paths) if rank() == 0 else None
     skipped: List[Tuple[str, str]] = []
     while True:
         item = _from_rank0(lambda: _candidate(next(remaining, None)))
@@ -195,7 +192,7 @@ class CheckpointStore:
     # ---- saving: every rank calls begin, writes into the returned directory, then commit ------
     def begin(self, step: int) -> Path:
         tmp = self.step_dir(step).with_name(self.step_dir(step).name + ".tmp")
-        if _rank() == 0:
+        if rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)          # leftovers of a crashed save
             (tmp / ENGINE_DIR).mkdir(parents=True)
         _barrier()
@@ -209,7 +206,7 @@ class CheckpointStore:
         sums = {"xxh3": {}, "sha256": {}}
         if self.digests or self.checksums:
             sums = gathered_digests(tmp, sizes, self.digests, self.checksums, self.writer_of)
-        if _rank() == 0:
+        if rank() == 0:
             meta = dict(meta, format=FORMAT, step=step, saved_at=time.time(), files=sizes, **sums)
             _write_atomic(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
             if final.exists():                               # re-saving a step (e.g. after a rollback)

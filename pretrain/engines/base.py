@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..config.schema import JobConfig
+from ..dist import is_logging_rank, log
 
 MicroBatch = Dict[str, torch.Tensor]          # tokens, labels, loss_mask, position_ids: [micro_batch, seq]
 Approve = Callable[[float, float], bool]      # (loss, grad_norm) -> apply the update?
@@ -135,11 +136,10 @@ class Engine(ABC):
 
     # ---- shared -------------------------------------------------------------------------
     def is_logging_rank(self) -> bool:
-        return dist.get_rank() == dist.get_world_size() - 1   # the last PP stage holds the loss first
+        return is_logging_rank()
 
     def _log(self, text: str) -> None:
-        if self.is_logging_rank():
-            print(text, flush=True)
+        log(text)
 
     def _check_engine(self, directory, meta: dict) -> None:
         written_by = meta["engine_state"]["engine"]

@@ -29,10 +29,6 @@ def read_jsonl(path: Path) -> tuple[list, int]:
     return records, bad
 
 
-def _jsonl(path: Path) -> list:
-    return read_jsonl(path)[0]
-
-
 def _device(run_dir: Path) -> str | None:
     """The logging rank's device of the newest start (provenance/start-<n>.json): 'cpu' or the GPU's name."""
     starts = sorted((run_dir / "provenance").glob("start-*.json"), key=lambda p: int(p.stem[6:]))

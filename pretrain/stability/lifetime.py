@@ -43,6 +43,8 @@ from typing import Optional
 
 import torch.distributed as dist
 
+from ..dist import rank
+
 LOCK_NAME = ".lock"
 _PR_SET_PDEATHSIG = 1
 
@@ -62,10 +64,6 @@ def die_with_launcher() -> bool:
 
 class RunDirBusy(RuntimeError):
     """Another live trainer holds the run directory."""
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _holder() -> dict:
@@ -186,7 +184,7 @@ def lock_run_dir(run_dir) -> RunDirLock:
     """Global rank 0 takes the lock (one holder per job, whatever the node count); every rank gets its
     answer, so a refused job raises RunDirBusy on all ranks. Call with the process group up."""
     lock, answer = RunDirLock(run_dir), [None]
-    if _rank() == 0:
+    if rank() == 0:
         try:
             answer[0] = ("ok", lock.acquire())
         except RunDirBusy as busy:
@@ -196,6 +194,6 @@ def lock_run_dir(run_dir) -> RunDirLock:
     kind, text = answer[0]
     if kind == "busy":
         raise RunDirBusy(text)
-    if text and _rank() == 0:
+    if text and rank() == 0:
         print(f">> {text}", flush=True)
     return lock

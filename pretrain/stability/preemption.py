@@ -21,6 +21,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..dist import rank
+
 REQUEUE_EXIT = 75            # EX_TEMPFAIL: "try again"; launch/templates/sbatch.j2 requeues on it
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
@@ -34,8 +36,7 @@ class PreemptionFlag:
         self.received = None
         self._previous = {}
         self.flag_file = flag_file
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        self._check_file = flag_file is not None and rank == 0
+        self._check_file = flag_file is not None and rank() == 0
 
     def install(self) -> None:
         if self._check_file and self.flag_file.exists():

@@ -1,0 +1,23 @@
+"""Where this process stands among the ranks, with or without torch.distributed (alone: rank 0 of 1),
+and the one rule for who prints: the last rank, whose pipeline stage holds the loss first."""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_logging_rank() -> bool:
+    return rank() == world_size() - 1
+
+
+def log(text: str) -> None:
+    """`text` on the console once per job: from the logging rank."""
+    if is_logging_rank():
+        print(text, flush=True)
