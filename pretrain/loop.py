@@ -1,29 +1,23 @@
 """The training loop, engine-agnostic: ramp -> micro-batches -> engine step -> metrics.
 
 State the loop owns (step, consumed samples, skipped steps, data-mix counters) lives in
-`LoopState`; with the engine's model, optimizer and RNG it is everything a checkpoint holds
-(pretrain/checkpoint/store.py). LR and batch size are functions of that state, so a resumed run
+`LoopState` (checkpoint/meta.py); with the engine's model, optimizer and RNG it is everything a
+checkpoint holds (checkpoint/store.py). LR and batch size are functions of that state, so a resumed run
 takes exactly the steps the uninterrupted one would have. What the loop asks of an engine is
-`Engine` (pretrain/engines/base.py); of its training data, `BatchSource` (pretrain/data/datasets.py).
+`Engine` (engines/base.py); of its training data, `BatchSource` (data/datasets.py). Observers
+(watchdog, straggler detector, profiler) are `LoopHook`s called once per phase of a step
+(observability/hooks.py); what changes the loop's course - the spike guard, recovery, the
+checkpoint store, preemption - stays written out here.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
-import os
-import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import List, Optional
-
-import torch
-import torch.distributed as dist
-import torch.profiler as tp
-
-from pretrain.observability.downstream import DownstreamEvals
 
 from .checkpoint.meta import LoopState, checkpoint_meta
 from .checkpoint.store import CheckpointStore, Decision, agreed_load
@@ -31,14 +25,19 @@ from .config.derive import batch_ramp
 from .config.schema import JobConfig
 from .data.datasets import BatchSource, StepBatches, build_datasets, eval_batches, split_sizes
 from .data.mix import PhasedMix
+from .dist import log
+from .dist import rank as dist_rank
 from .engines.base import Engine
+from .observability.downstream import DownstreamEvals
+from .observability.hooks import Hooks, Profiler
 from .observability.metrics import Metrics
 from .observability.straggler import StragglerDetector
 from .schedules import lr_at
+from .stability.faults import FaultDrill
 from .stability.guard import SpikeGuard
 from .stability.preemption import REQUEUE_EXIT, PreemptionFlag, RunPreempted
 from .stability.recovery import Recovery
-from .stability.watchdog import Watchdog, inject_hang
+from .stability.watchdog import Watchdog
 
 
 class RunStopped(RuntimeError):
@@ -77,13 +76,12 @@ class Trainer:
         self.saved_step = -1
         self.recovery = Recovery()
         self.guard = SpikeGuard(cfg)
-        self.faults_fired: set = set()
+        self.faults = FaultDrill(cfg.fault, engine, cfg.model.vocab_size)
         self.preemption = PreemptionFlag(self.run_dir / "preempt.flag")
         self.straggler = StragglerDetector(cfg, self.metrics)     # times data wait and compute; straggler.*
 
     def log(self, text: str) -> None:
-        if self.engine.is_logging_rank():
-            print(text, flush=True)
+        log(text)
 
     # ---- checkpoints ----------------------------------------------------------------
     def resume(self) -> None:
@@ -181,29 +179,6 @@ class Trainer:
                             "lr_scale": st.lr_scale, "data": c.rollback_data, "consumed_samples": st.consumed_samples,
                             "why": why, "skipped": skipped})
 
-    def _inject_faults(self, micro: list, step: int, rank: int) -> None:
-        """fault.* (tests and fire drills): poison this step's batch in place, once per process (a
-        rollback that returns to the step must not meet the same fault: the bad data was skipped)."""
-        f = self.cfg.fault
-        if step in self.faults_fired:
-            return
-        self.faults_fired.add(step)
-        if step == f.nan_at_step and rank == f.rank:
-            print(f"FAULT INJECTED: rank {rank} has a NaN loss mask at step {step}", flush=True)
-            for mb in micro:
-                mb["loss_mask"] = mb["loss_mask"].float() * float("nan")
-        if step == f.preempt_at_step and rank == f.rank:
-            print(f"FAULT INJECTED: rank {rank} sends itself SIGUSR1 during step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGUSR1)
-        if step == f.nan_weights_at_step and rank == f.rank:
-            print(f"FAULT INJECTED: rank {rank}'s first parameter is NaN before step {step}", flush=True)
-            with torch.no_grad():
-                self.engine.local_parameters()[0].fill_(float("nan"))
-        if step == f.poison_at_step:
-            gen = torch.Generator().manual_seed(step)
-            for mb in micro:
-                mb["labels"] = torch.randint(0, self.cfg.model.vocab_size, mb["labels"].shape, generator=gen)
-
     def save(self, valid_loss: Optional[float] = None) -> bool:
         """Checkpoint the current step, unless a weight is non-finite on any rank (False). The commit
         (meta.json, rename) runs once every rank's shards are on disk: right away, or later from
@@ -268,34 +243,27 @@ class Trainer:
         self.history.append(self.metrics.evaluation(self.state.step, split, loss))
         return loss
 
-    def _profiler(self):
-        steps = self.cfg.profile.steps
-        if not steps:
-            return contextlib.nullcontext(None)
-        start, end = steps
-        return tp.profile(schedule=tp.schedule(wait=max(0, start - 1), warmup=1, active=end - start + 1, repeat=1),
-                          on_trace_ready=tp.tensorboard_trace_handler(str(self.run_dir / "profile")),
-                          record_shapes=False)
-
     def train(self) -> List[dict]:
-        cfg = self.cfg
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        watchdog = Watchdog(self.run_dir, cfg.stability.watchdog_minutes, rank)
+        cfg, rank = self.cfg, dist_rank()
+        # observers: they watch the steps (observability/hooks.py); the watchdog is re-armed by every step and
+        # by every long piece of work that is not one (loading a large checkpoint is progress, not a hang)
+        hooks = self.hooks = Hooks([Watchdog(self.run_dir, cfg.stability.watchdog_minutes, rank), self.straggler,
+                                    Profiler(cfg.profile.steps, self.run_dir)])
         self.preemption.install()
         try:
-            watchdog.kick()
+            hooks.progress()
             self.resume()
-            watchdog.kick()                  # loading a large checkpoint is progress, not a hang
-            self._steps(watchdog, rank)
+            hooks.progress()
+            self._steps(rank)
             while not self._validate_and_save(final=True):     # rolled back: train up to the end again
-                watchdog.kick()
-                self._steps(watchdog, rank)
+                hooks.progress()
+                self._steps(rank)
             self.engine.finalize_saves(blocking=True)
-            watchdog.kick()
+            hooks.progress()
             if cfg.eval.final_test:
                 self.evaluate("test")
         finally:
-            watchdog.stop()                  # also when the policy stops the run (RunStopped) or a signal came
+            hooks.close()                    # also when the policy stops the run (RunStopped) or a signal came
             self.preemption.restore()
         if self.engine.is_logging_rank():
             (self.run_dir / "final.json").write_text(json.dumps({"state": asdict(self.state),
@@ -303,54 +271,50 @@ class Trainer:
         self.metrics.close()
         return self.history
 
-    def _steps(self, watchdog, rank: int) -> None:
-        cfg, st = self.cfg, self.state
-        with self._profiler() as prof:
+    def _steps(self, rank: int) -> None:
+        cfg, st, hooks = self.cfg, self.state, self.hooks
+        with hooks.steps():
             while st.step < cfg.derived.train_iters:
-                if st.step + 1 == cfg.fault.hang_at_step and rank == cfg.fault.rank:
-                    print(f"FAULT INJECTED: rank {rank} stops before step {st.step + 1}", flush=True)
-                    inject_hang()
+                step = st.step + 1
                 global_batch = self.ramp.global_batch(st.consumed_samples)
                 lr = self.lr(st, global_batch)
-                self.straggler.begin()
+                hooks.data_wait(step)
                 micro = self.train_batches.micro_batches(st.consumed_samples, global_batch)
-                self._inject_faults(micro, st.step + 1, rank)
-                self.straggler.compute(st.step + 1)
-                result = self.engine.train_step(micro, lr, approve=functools.partial(self.guard.approve, st.step + 1))
-                self.straggler.end(st.step + 1)          # every straggler.interval steps: all-gather, judge
+                self.faults.before_step(micro, step, rank)               # fault.* drills (stability/faults.py)
+                hooks.compute(step)
+                result = self.engine.train_step(micro, lr, approve=functools.partial(self.guard.approve, step))
+                hooks.computed(step)             # straggler: every straggler.interval steps, all-gather and judge
                 self.engine.finalize_saves(blocking=False)
                 if self.guard.event:
                     self.metrics.event(self.guard.event, rank=rank)
                 st.consumed_samples += global_batch
                 record = self.metrics.step(st.step, result, lr, global_batch, st.consumed_samples,
                                            self.train_batches.current_weights())
-                st.step += 1
+                st.step = step
                 self.recovery.stepped(result)
-                watchdog.kick()
                 if record:
                     self.history.append(record)
-                if prof is not None:
-                    prof.step()
+                hooks.stepped(step)
                 if self.guard.wants_rollback:
                     self.rollback(self.guard.event["kind"])       # "spike" or "nonfinite"
-                    watchdog.kick()
+                    hooks.progress()
                     continue
                 if st.step >= cfg.derived.train_iters:
                     break                    # the last step's validation and save: train()
                 done = self._validate_and_save(final=False)
-                watchdog.kick()
+                hooks.progress()
                 if not done:
                     continue
                 if self.preemption.agreed():
-                    self._save_and_leave(watchdog)
+                    self._save_and_leave()
 
-    def _save_and_leave(self, watchdog) -> None:
-        """A rank got SIGUSR1/SIGTERM (pretrain/stability/preemption.py): checkpoint this step, exit for requeue."""
+    def _save_and_leave(self) -> None:
+        """A rank got SIGUSR1/SIGTERM (stability/preemption.py): checkpoint this step, exit for requeue."""
         st = self.state
         if self.saved_step != st.step:
             self.save()
         self.engine.finalize_saves(blocking=True)
-        watchdog.kick()
+        self.hooks.progress()
         self.metrics.event({"kind": "preempted", "step": st.step, "signal": self.preemption.received})
         raise RunPreempted(f"signal received: checkpoint of step {st.step} saved in {self.store.root}; exiting "
                            f"with {REQUEUE_EXIT} so the job is requeued and resumes from it")

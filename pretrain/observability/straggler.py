@@ -32,6 +32,9 @@ import torch.distributed as dist
 
 from common.paths import REPO_ROOT
 
+from .. import dist as ranks
+from .hooks import LoopHook
+
 
 def host_name() -> str:
     """Short host name, as launch/health.py writes it to the bad-nodes file."""
@@ -115,15 +118,15 @@ def busy_wait(seconds: float, clock=time.perf_counter) -> None:
         pass
 
 
-class StragglerDetector:
-    """The loop calls begin() before building a step's micro-batches, compute(step) before
-    engine.train_step and end(step) after it, on every rank (end() runs the check's collective)."""
+class StragglerDetector(LoopHook):
+    """A loop hook: data_wait(step) before a step's micro-batches are built, compute(step) before
+    engine.train_step and computed(step) after it, on every rank (computed() runs the check's collective)."""
 
     def __init__(self, cfg, metrics):
         self.cfg, self.metrics = cfg, metrics
         s = cfg.straggler
         self.interval, self.ratio, self.persist = s.interval, s.ratio, s.persist
-        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        self.rank, self.world = ranks.rank(), ranks.world_size()
         self.compute_clock = time.perf_counter if torch.cuda.is_available() else time.process_time
         self.data_s = self.compute_s = 0.0
         self.steps = 0
@@ -138,7 +141,7 @@ class StragglerDetector:
         bad = Path(cfg.cluster.bad_nodes_file)
         self.bad_nodes_file = bad if bad.is_absolute() else REPO_ROOT / bad      # as launch/slurm.py reads it
 
-    def begin(self) -> None:
+    def data_wait(self, step: int) -> None:
         self.t_data = time.perf_counter()
 
     def compute(self, step: int) -> None:
@@ -152,7 +155,7 @@ class StragglerDetector:
                 self.slow_announced = True
             busy_wait(f.slow_rank_ms / 1000, self.compute_clock)
 
-    def end(self, step: int) -> None:
+    def computed(self, step: int) -> None:
         self.compute_s += self.compute_clock() - self.t_compute
         self.steps += 1
         if self.interval and step % self.interval == 0:

@@ -11,11 +11,14 @@ rank's watchdog fires and the dumps show both the hung rank and where the others
 from __future__ import annotations
 
 import faulthandler
-import time
 from pathlib import Path
 
+from ..observability.hooks import LoopHook
 
-class Watchdog:
+
+class Watchdog(LoopHook):
+    """A loop hook: every step and every `progress()` (resume, validation, save, rollback) re-arms it."""
+
     def __init__(self, run_dir: Path, minutes: float, rank: int):
         self.seconds = minutes * 60
         self.file = None
@@ -28,6 +31,15 @@ class Watchdog:
         """Progress was made: restart the countdown."""
         if self.file:
             faulthandler.dump_traceback_later(self.seconds, exit=True, file=self.file)
+
+    def stepped(self, step: int) -> None:
+        self.kick()
+
+    def progress(self) -> None:
+        self.kick()
+
+    def close(self) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self.file:
@@ -45,8 +57,3 @@ class Watchdog:
                     pass
             self.file = None
 
-
-def inject_hang() -> None:
-    """Fault injection (fault.hang_at_step): this rank stops making progress."""
-    while True:
-        time.sleep(3600)
