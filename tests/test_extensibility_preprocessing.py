@@ -1,12 +1,10 @@
 """Extending preprocessing without touching the project: a quality filter and a stage defined and
 registered here are selected by config overrides and run inside the real pipeline; and the
 layering that keeps preprocessing/ free of pretrain/ and launch/."""
-import ast
 import dataclasses
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -149,54 +147,3 @@ def test_every_preprocessing_config_field_has_a_one_line_doc():
     fields = list(walk(PreprocessConfig))
     assert len(fields) > 50 and "filters.names" in dict(fields) and "tokenizer.type" in dict(fields)
     assert not [k for k, f in fields if not f.metadata.get("doc") or "\n" in f.metadata["doc"]]
-
-
-# ---- layering: launch -> pretrain, preprocessing -> common; no circle ---------------------------------
-ALLOWED = {"common": set(), "preprocessing": {"common"}, "pretrain": {"common", "preprocessing"},
-           "launch": {"common", "preprocessing", "pretrain"}}
-
-
-def module_imports() -> dict:
-    """module -> project modules it imports anywhere in its body (function-level imports included)."""
-    files = {".".join(f.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): f
-             for pkg in ALLOWED for f in (REPO / pkg).rglob("*.py")}
-    graph = {}
-    for name, f in files.items():
-        base = name.split(".") if f.name == "__init__.py" else name.split(".")[:-1]
-        targets = set()
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Import):
-                found = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                module = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else [])) \
-                    if node.level else node.module
-                found = [module] + [f"{module}.{a.name}" for a in node.names]
-            else:
-                continue
-            for t in found:
-                while t and t not in files:
-                    t = t.rpartition(".")[0]
-                if t and t != name:
-                    targets.add(t)
-        graph[name] = targets
-    return graph
-
-
-def test_packages_import_only_downwards_and_no_module_circle():
-    graph = module_imports()
-    wrong = sorted((m, t) for m, ts in graph.items() for t in ts
-                   if t.split(".")[0] != m.split(".")[0] and t.split(".")[0] not in ALLOWED[m.split(".")[0]])
-    assert not wrong, wrong
-    state: dict = {}
-
-    def visit(m, path):
-        state[m] = "open"
-        for t in sorted(graph[m]):
-            assert state.get(t) != "open", " -> ".join(path + [m, t])
-            if t not in state:
-                visit(t, path + [m])
-        state[m] = "done"
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 5000))
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [])
