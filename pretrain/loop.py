@@ -79,6 +79,7 @@ class Trainer:
         self.faults = FaultDrill(cfg.fault, engine, cfg.model.vocab_size)
         self.preemption = PreemptionFlag(self.run_dir / "preempt.flag")
         self.straggler = StragglerDetector(cfg, self.metrics)     # times data wait and compute; straggler.*
+        self.hooks = Hooks([])               # the loop's observers, built when train() starts
 
     def log(self, text: str) -> None:
         log(text)
