@@ -45,19 +45,46 @@ def single_rank_megatron():
     yield
 
 
+DEMO: dict = {}
+DEMO_LOCK = threading.Lock()
+
+
+def build_demo_data() -> Path:
+    """`make data && make preprocess RECIPE=gpt-tiny` once per session (resumable: cheap when already done);
+    called from the shared runs' background thread and from the demo_data fixture, whichever comes first."""
+    with DEMO_LOCK:
+        if "error" in DEMO:
+            raise AssertionError(DEMO["error"])
+        if "path" not in DEMO:
+            for target in (["make", "-s", "data"], ["make", "-s", "preprocess", "RECIPE=gpt-tiny"]):
+                res = subprocess.run(target, cwd=REPO, capture_output=True, text=True)
+                if res.returncode != 0:
+                    DEMO["error"] = (f"{' '.join(target)}: exit {res.returncode}\n"
+                                     f"{res.stdout[-3000:]}{res.stderr[-3000:]}")
+                    raise AssertionError(DEMO["error"])
+            DEMO["path"] = REPO / "data/demo/bpe4k"
+        return DEMO["path"]
+
+
 @pytest.fixture(scope="session")
 def demo_data():
-    """`make data && make preprocess RECIPE=gpt-tiny` (resumable: cheap when already done)."""
-    for target in (["make", "-s", "data"], ["make", "-s", "preprocess", "RECIPE=gpt-tiny"]):
-        res = subprocess.run(target, cwd=REPO, capture_output=True, text=True)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return REPO / "data/demo/bpe4k"
+    return build_demo_data()
 
 
 @pytest.fixture(scope="session")
-def session_runs(request, demo_data, tmp_path_factory):
-    """tests.training.SessionRuns: the shared runs (tests.training.shared_runs) of this session's tests."""
-    return SessionRuns(tmp_path_factory.mktemp("runs"), request.config.stash.get(WANTED_RUNS, ()))
+def session_runs(request, tmp_path_factory):
+    """tests.training.SessionRuns: the shared runs (tests.training.shared_runs) of this session's tests,
+    trained in the background from the session's first test on (`shared_runs_started`)."""
+    runs = SessionRuns(tmp_path_factory.mktemp("runs"), request.config.stash.get(WANTED_RUNS, ()))
+    runs.start(prepare=build_demo_data)
+    return runs
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_runs_started(request):
+    """Starts the session's shared runs with its first test, when any selected test reads one."""
+    if request.config.stash.get(WANTED_RUNS, ()):
+        request.getfixturevalue("session_runs")
 
 
 @pytest.fixture(scope="session")
@@ -79,6 +106,18 @@ def fetch_bigbench_tasks():
     from evals.tasks import BIGBENCH_TASKS, bigbench_task_files
     from preprocessing.fetch import CACHE
     bigbench_task_files(PREFETCH_BIGBENCH, REPO / BIGBENCH_TASKS, REPO / CACHE)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order: the unit tier, then the slow tests that read shared runs (they wait for the training that started
+    with the session), then the other slow tests. The unit tier runs beside the training, on the core its
+    launches leave idle; no slow test (timed drills, SLURM jobs) competes with it. Stable within each group."""
+    def group(item) -> int:
+        if item.get_closest_marker("slow") is None:
+            return 0
+        fixtures = set(getattr(item, "fixturenames", ()))
+        return 1 if fixtures & (set(SETS) | {"session_runs", "reference"}) else 2
+    items.sort(key=group)
 
 
 def pytest_collection_finish(session):

@@ -149,22 +149,49 @@ def with_needs(names) -> set:
 
 
 class SessionRuns:
-    """Trains the sets of SETS on demand, in waves: when a set is asked for, every wanted set whose needs
-    are trained (itself included) is launched, one launch per process count, and launches whose processes
-    fit in cores + 1 run at the same time (on 2 cores, a 1-process launch beside a 2-process one uses
-    the core the other leaves idle: ~25% less wall time; the 4-process one runs alone). All of them are
-    waited for, so that no training outlasts the fixture."""
+    """Trains the sets of SETS in waves: when a set is asked for, every wanted set whose needs are trained
+    (itself included) is launched, one launch per process count, and launches whose processes fit in
+    cores + 1 run at the same time (on 2 cores, a 1-process launch beside a 2-process one uses the core
+    the other leaves idle: ~25% less wall time; the 4-process one runs alone). All of them are waited
+    for, so that no training outlasts the fixture.
+
+    `start(prepare)` asks for every wanted set from a background thread as the session begins, after
+    `prepare()` (the demo data): the tests that need no shared run (tests/conftest.py orders them first)
+    run meanwhile on the core the launches leave idle. A test's `get` waits for its set."""
 
     def __init__(self, base, wanted, timeout=840):
         self.base, self.timeout = base, timeout
         self.wanted = with_needs(n for n in wanted if n in SETS)
         self.done, self.failed, self.launched = {}, {}, []       # launched: the sets of each launch, in order
+        self.lock, self.prepared, self.prepare_error = threading.RLock(), threading.Event(), None
+
+    def start(self, prepare: Callable[[], object]) -> None:
+        def train_all():
+            try:
+                prepare()
+            except Exception as err:          # every set's fixture reports it
+                self.prepare_error = f"the demo data could not be built: {err}"
+            finally:
+                self.prepared.set()
+            for name in sorted(self.wanted, key=lambda n: (len(with_needs([n])), n)):    # no needs first
+                try:
+                    self.get(name)
+                except AssertionError:         # recorded in self.failed: the set's fixture raises it
+                    pass
+        threading.Thread(target=train_all, name="shared-runs", daemon=True).start()
 
     def get(self, name) -> Runs:
+        self.prepared.wait()
+        if self.prepare_error:
+            raise AssertionError(self.prepare_error)
+        with self.lock:                       # one wave at a time, from this thread or the background one
+            return self._get(name)
+
+    def _get(self, name) -> Runs:
         if name not in self.done and name not in self.failed:
             for need in SETS[name].needs:
                 try:
-                    self.get(need)
+                    self._get(need)
                 except AssertionError as err:
                     self.failed[name] = f"it needs {need}: {err}"
             if name not in self.failed:
