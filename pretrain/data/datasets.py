@@ -9,6 +9,8 @@ Index caches go to `data.cache_dir` so a job start does not rebuild them.
 """
 from __future__ import annotations
 
+from ..model import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
+
 import hashlib
 import json
 import math

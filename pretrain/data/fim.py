@@ -25,6 +25,8 @@ the DP layout, the order of reads or a resume.
 """
 from __future__ import annotations
 
+from ..model import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
+
 import hashlib
 from dataclasses import dataclass
 from typing import Dict, List, Optional

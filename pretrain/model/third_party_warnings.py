@@ -1,7 +1,8 @@
 """Third-party warnings that cannot apply to a run, filtered here and nowhere else.
 
-Imported first by each file of pretrain/model/ (and so by both engines, the planner and export) before any
-megatron-core or DeepSpeed module. Each filter says why the warning says nothing to a user.
+Imported first (before any megatron-core or DeepSpeed import) by every module that imports megatron-core
+at its top (model/gpt.py, init.py, data/datasets.py, data/fim.py, engines/megatron/engine.py
+and optimizers.py) and by model/hf_mapping.py. Each filter says why the warning says nothing to a user.
 """
 from __future__ import annotations
 

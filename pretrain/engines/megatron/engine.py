@@ -5,6 +5,8 @@ optimizer, RNG) is reachable as attributes for checkpointing (checkpointing.py).
 """
 from __future__ import annotations
 
+from ...model import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
+
 import re
 from functools import partial
 from typing import Dict, List, Optional

@@ -7,6 +7,8 @@ registered one on the same param groups.
 """
 from __future__ import annotations
 
+from ...model import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
+
 from typing import List
 
 import torch
