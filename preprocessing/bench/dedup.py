@@ -10,7 +10,7 @@ datasketch-equal signatures of its own settings. It returns markdown lines: docs
 per step, peak RSS per step against the bound stated from the shard size, the throughput
 ratio new whole run / old cluster step, and the extrapolation to 1 B documents.
 
-    python -m preprocessing.dedup.bench [N_DOCS]
+    python -m preprocessing.bench.dedup [N_DOCS]
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tokenization benchmark of `make bench-preprocess`: JSONL -> .bin/.idx against the tokenizer alone.
 
-    python -m preprocessing.bench_tokenize [MB]
+    python -m preprocessing.bench.tokenization [MB]
 
 Corpus: the demo corpus (`fetch("shakespeare")`) repeated with distinct ids until it holds `mb` MB
 of UTF-8 text, written as JSONL at bench time; GPT-2's tokenizer. Measured in one process, in
