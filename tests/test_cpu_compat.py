@@ -64,3 +64,26 @@ def test_adaptations_fix_their_probes():
             "print('OK')\n")
     res = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert "OK" in res.stdout, res.stderr[-2000:]
+
+
+def test_fused_softmax_is_asked_for_only_where_apex_provides_it(monkeypatch):
+    """megatron-core's FusedScaleMaskSoftmax imports Apex's scaled_masked_softmax_cuda for bf16 scores of
+    16 < seq <= 4096 when masked_softmax_fusion is on (here, without Apex: ImportError, which every GPU recipe
+    on the local layer spec would meet at its first forward); pretrain/model/gpt.py turns the fusion on only
+    where the extension imports. Run on CPU: the GPU side of transformer_config is built with on_gpu=True."""
+    from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from pretrain.config.compose import load_recipe
+    from pretrain.model import gpt
+    fused = FusedScaleMaskSoftmax(input_in_fp16=False, input_in_bf16=True, attn_mask_type=AttnMaskType.causal,
+                                  scaled_masked_softmax_fusion=True, mask_func=None, softmax_in_fp32=True,
+                                  scale=None)
+    if not gpt.has_apex_softmax():
+        with pytest.raises(ImportError, match="scaled_masked_softmax_cuda"):
+            fused.is_kernel_available(None, 8, 12, 2048, 2048)
+    cfg = load_recipe("gpt-125m")
+    for present in (False, True):
+        monkeypatch.setattr(gpt, "has_apex_softmax", lambda present=present: present)
+        assert gpt.transformer_config(cfg, on_gpu=True).masked_softmax_fusion is present
+    assert gpt.transformer_config(cfg, on_gpu=False).masked_softmax_fusion is False

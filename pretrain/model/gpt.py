@@ -22,6 +22,15 @@ def has_transformer_engine() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
+APEX_SOFTMAX = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda")
+
+
+def has_apex_softmax() -> bool:
+    """Apex's fused softmax extensions, which megatron-core's FusedScaleMaskSoftmax (the local layer spec's
+    attention) imports for fp16/bf16 scores with 16 < seq <= 4096 when masked_softmax_fusion is on."""
+    return all(importlib.util.find_spec(name) is not None for name in APEX_SOFTMAX)
+
+
 def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> TransformerConfig:
     m, p, d, pr = cfg.model, cfg.parallel, cfg.derived, cfg.precision
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
@@ -63,9 +72,11 @@ def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> Tran
         bf16=pr.bf16,
         fp16=pr.fp16,
         use_cpu_initialization=not on_gpu,
-        # Fusions need CUDA kernels (apex/TE/triton); on GPU megatron-core enables what it has.
+        # Fusions run on GPUs only. Bias+GeLU and bias+dropout are megatron-core's own jit-fused functions;
+        # the masked softmax is Apex's CUDA extension: on without it, the local spec's first fp16/bf16
+        # forward fails importing it (TE's attention does not use it).
         bias_activation_fusion=on_gpu and m.activation == "gelu" and m.add_bias_linear,
-        masked_softmax_fusion=on_gpu,
+        masked_softmax_fusion=on_gpu and has_apex_softmax(),
         bias_dropout_fusion=on_gpu,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
