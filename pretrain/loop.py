@@ -89,6 +89,7 @@ class Trainer:
         """Continue from checkpoint.dir's newest intact checkpoint, else start from checkpoint.load."""
         c = self.cfg.checkpoint
         decision, weights_only = self.store.scan(), False
+        self.store.set_aside(decision.skipped)   # damaged: out of the way of this run's own saves and retention
         if decision.found is None and c.load:
             try:
                 load = agreed_load(c.load, c.checksums, c.digests)

@@ -210,6 +210,38 @@ def test_truncated_or_altered_checkpoints_fall_back_to_the_previous(tmp_path):
     assert nothing.found is None and [p for p, _ in nothing.skipped] == [str(store.step_dir(s)) for s in (25, 20, 10)]
 
 
+def test_a_run_restarting_below_damaged_checkpoints_keeps_its_new_saves(tmp_path):
+    """Every checkpoint damaged: the run starts over from step 0. The damaged step directories are set aside
+    (kept, renamed) by the resume, so retention counts the new saves; and retention never deletes the save
+    it was called for, whatever stands above it (before: with keep_last=2 each new save was deleted right
+    after it was written, and every later resume started from 0 again)."""
+    def damaged_run(root):                                           # an earlier run's saves, all damaged
+        for step in (1000, 2000, 3000):
+            fake_save(CheckpointStore(root), step)
+            with open(root / f"step_{step:08d}" / "model_optim_rng" / "shard.bin", "r+b") as f:
+                f.write(b"y")                                      # same size, altered: a digest mismatch
+    said = []
+    damaged_run(tmp_path)
+    store = CheckpointStore(tmp_path, keep_last=2, log=said.append)
+    decision = store.scan()
+    assert decision.found is None and len(decision.skipped) == 3
+    damaged_run(tmp_path / "raw")
+    raw = CheckpointStore(tmp_path / "raw", keep_last=2)          # the same, without the resume's set-aside
+    fake_save(raw, 100)
+    fake_save(raw, 200)
+    assert raw.scan().found.path == raw.step_dir(200)               # the save just written survived retention
+
+    moved = store.set_aside(decision.skipped)
+    assert sorted(p.name.split(".")[0] for p in moved) == ["step_00001000", "step_00002000", "step_00003000"]
+    assert all(p.is_dir() and ".damaged-" in p.name for p in moved) and len(said) == 3
+    for step in (100, 200, 300):
+        fake_save(store, step)
+    assert [p.name for p in store.complete()] == ["step_00000300", "step_00000200"]
+    assert store.scan().found.path == store.step_dir(300) and store.scan().skipped == []
+    assert sorted(p.name.split(".")[0] for p in tmp_path.glob("step_*.damaged-*")) == [
+        "step_00001000", "step_00002000", "step_00003000"]                  # kept for inspection
+
+
 def test_digests_are_split_by_writer_then_by_size_and_gathered_whole():
     from pretrain.checkpoint.integrity import shares
     sizes = {"model_optim_rng/__1_0.distcp": 10, "model_optim_rng/__0_0.distcp": 10, "model_optim_rng/common.pt": 50,

@@ -131,6 +131,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_announced_and_the_previous_conti
     assert skipped == str(newest) and reason.startswith("model_optim_rng/") and why in reason
     [tb] = (run_dir / "tensorboard").glob("events.out.tfevents.*")
     assert b"events/checkpoint_skipped" in tb.read_bytes() and str(newest).encode() in tb.read_bytes()
+    assert len(list(ckpts.glob("step_00000020.damaged-*"))) == 1              # set aside, kept, not resaved over
     uninterrupted = records_of(spike_runs.root / "rollback")[-5:]           # its steps 16..20
     continued = records_of(run_dir)
     assert [r["step"] for r in continued] == [r["step"] for r in uninterrupted] == [16, 17, 18, 19, 20]

@@ -172,7 +172,7 @@ class CheckpointStore:
         """Finished step directories, newest first."""
         if not self.root.is_dir():
             return []
-        dirs = [p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+        dirs = [p for p in self.root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()      # not .tmp, .damaged-*
                 and (p / "meta.json").exists()]
         return sorted(dirs, key=lambda p: p.name, reverse=True)
 
@@ -188,6 +188,28 @@ class CheckpointStore:
         for line in decision.announce():
             self.log(line)
         return decision.found
+
+    def set_aside(self, skipped: List[Tuple[str, str]]) -> List[Path]:
+        """The damaged checkpoints a resume passed over leave the candidates and retention: each of this
+        root's step_N becomes step_N.damaged-<time>, kept for inspection (a transient size or digest error
+        on a parallel file system loses nothing: rename it back). Left in place, they would count as the
+        newest saves, and retention would delete every new save of the run that restarted below them.
+        Collective in a distributed run (rank 0 renames)."""
+        moved = []
+        if rank() == 0:
+            stamp = int(time.time())
+            for path, why in skipped:
+                old = Path(path)
+                if old.parent.resolve() == self.root.resolve() and old.is_dir():
+                    new = old.with_name(f"{old.name}.damaged-{stamp}")
+                    old.rename(new)
+                    moved.append(new)
+                    self.log(f">> moved the damaged {old} aside to {new.name} ({why}); it is kept, and no longer "
+                             "counts as a checkpoint")
+            if moved:
+                _fsync_dir(self.root)
+        _barrier()
+        return moved
 
     # ---- saving: every rank calls begin, writes into the returned directory, then commit ------
     def begin(self, step: int) -> Path:
@@ -215,13 +237,14 @@ class CheckpointStore:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.rename(final)
             _fsync_dir(self.root)
-            self._retain()
+            self._retain(final)
         _barrier()
         return final
 
-    def _retain(self) -> None:
-        """Beyond the newest keep_last: keep milestones (keep_every) and the newest checkpoint known good
-        (finite validation, `known_good`): a run whose newest saves went bad still has one to return to."""
+    def _retain(self, saved: Path) -> None:
+        """Beyond the newest keep_last: keep milestones (keep_every), the newest checkpoint known good
+        (finite validation, `known_good`: a run whose newest saves went bad still has one to return to),
+        and the one just `saved`, whatever step numbers stand above it."""
         if self.keep_last <= 0:
             return
         complete = self.complete()
@@ -229,7 +252,7 @@ class CheckpointStore:
         for old in complete[self.keep_last:]:
             if self.keep_every > 0 and int(old.name.split("_")[1]) % self.keep_every == 0:
                 continue                                     # a milestone kept for good
-            if old == good:
+            if old in (good, saved):
                 continue
             shutil.rmtree(old, ignore_errors=True)
 
