@@ -26,6 +26,7 @@ from typing import List, Optional
 
 from common.cli import command, env_flag, overrides_from_env, recipe_from_env
 from common.config import ConfigError
+from common.files import write_atomic
 from launch.preprocess import dry_run as preprocess_scripts
 from launch.preprocess import dry_run_local, submit_pipeline
 from launch.slurm import render, submit
@@ -170,7 +171,7 @@ def main() -> int:
         print(f"REFUSED: {busy}", file=sys.stderr)
         return 2
     prepare_run_dir(job, run_dir)
-    (run_dir / "config.yaml").write_text(to_yaml(job))
+    write_atomic(run_dir / "config.yaml", to_yaml(job))
     try:
         if local:
             return launch_local(job, run_dir)

@@ -34,6 +34,7 @@ from omegaconf import DictConfig, open_dict
 
 from common.cli import command, overrides_from_env, recipe_from_env
 from common.config import ConfigError
+from common.files import write_atomic
 from common.paths import RECIPES_DIR, REPO_ROOT
 from pretrain.config.compose import finalize, load_recipe, to_yaml
 from pretrain.stability.preemption import REQUEUE_EXIT
@@ -113,7 +114,7 @@ def ablation_run(cfg: DictConfig) -> float | None:
     else:
         from launch.__main__ import launch_local
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(job))
+        write_atomic(run_dir / "config.yaml", to_yaml(job))
         code = launch_local(job, run_dir)
     if code not in (0, REQUEUE_EXIT):
         raise RuntimeError(f"run {run_dir} exited with {code}: see its logs")

@@ -19,6 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import List, Optional
 
+from common.files import write_atomic
+
 from .checkpoint.meta import LoopState, checkpoint_meta
 from .checkpoint.store import CheckpointStore, Decision, agreed_load
 from .config.derive import batch_ramp
@@ -268,8 +270,8 @@ class Trainer:
             hooks.close()                    # also when the policy stops the run (RunStopped) or a signal came
             self.preemption.restore()
         if self.engine.is_logging_rank():
-            (self.run_dir / "final.json").write_text(json.dumps({"state": asdict(self.state),
-                                                                 "final": self.history[-2:]}))
+            write_atomic(self.run_dir / "final.json", json.dumps({"state": asdict(self.state),
+                                                                  "final": self.history[-2:]}))
         self.metrics.close()
         return self.history
 
@@ -313,10 +315,13 @@ class Trainer:
     def _save_and_leave(self) -> None:
         """A rank got SIGUSR1/SIGTERM (stability/preemption.py): checkpoint this step, exit for requeue."""
         st = self.state
-        if self.saved_step != st.step:
-            self.save()
+        saved = self.saved_step == st.step or self.save()       # False: refused, a weight is non-finite
         self.engine.finalize_saves(blocking=True)
         self.hooks.progress()
-        self.metrics.event({"kind": "preempted", "step": st.step, "signal": self.preemption.received})
-        raise RunPreempted(f"signal received: checkpoint of step {st.step} saved in {self.store.root}; exiting "
-                           f"with {REQUEUE_EXIT} so the job is requeued and resumes from it")
+        self.metrics.event({"kind": "preempted", "step": st.step, "signal": self.preemption.received, "saved": saved})
+        if saved:
+            raise RunPreempted(f"signal received: checkpoint of step {st.step} saved in {self.store.root}; exiting "
+                               f"with {REQUEUE_EXIT} so the job is requeued and resumes from it")
+        raise RunPreempted(f"signal received at step {st.step}: its checkpoint was refused (non-finite weights; "
+                           f"events.jsonl: save_refused); exiting with {REQUEUE_EXIT} so the job is requeued and "
+                           f"resumes from the newest intact checkpoint in {self.store.root}")

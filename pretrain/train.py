@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from common.cli import command
+from common.files import write_atomic
 from common.paths import RECIPES_DIR
 
 from .config.compose import finalize, from_yaml, to_yaml
@@ -50,7 +51,7 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
 def _train(job: JobConfig, engine, run_dir: Path) -> int:
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(job))
+        write_atomic(run_dir / "config.yaml", to_yaml(job))
     banner = run_banner(job, engine)
     if engine.is_logging_rank():
         print(banner, flush=True)

@@ -343,6 +343,12 @@ def test_a_signal_saves_the_step_and_exits_for_requeue_then_the_run_resumes_exac
     resume = json.loads((tmp_path / "cut" / "events.jsonl").read_text().splitlines()[-1])     # the decision, recorded
     assert (resume["kind"], resume["step"], resume["skipped"]) == ("resume", 3, [])
     assert resume["checkpoint"] == str(tmp_path / "cut" / "checkpoints" / "step_00000003")
+    # the signal and non-finite weights at the same step: the save is refused, and the exit says so
+    with pytest.raises(RunPreempted, match="signal received at step 3: its checkpoint was refused"):
+        trainer("nan", ["fault.preempt_at_step=3", "fault.nan_weights_at_step=3"]).train()
+    events = [json.loads(x) for x in (tmp_path / "nan" / "events.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e.get("saved")) for e in events][-2:] == [("save_refused", None), ("preempted", False)]
+    assert not list((tmp_path / "nan" / "checkpoints").glob("step_*"))
 
 
 def nan_into_weight(step_dir, name="embedding.word_embeddings.weight"):

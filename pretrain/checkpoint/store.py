@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 import torch.distributed as dist
+
+from common.files import fsync_dir, write_atomic
 
 from ..dist import rank
 from .integrity import WriterOf, agreed_digest_problems, gathered_digests, size_problems, sizes_of, summary
@@ -78,23 +79,6 @@ def _from_rank0(value: Callable[[], object]) -> object:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_meta(step_dir: Path) -> dict:
@@ -207,7 +191,7 @@ class CheckpointStore:
                     self.log(f">> moved the damaged {old} aside to {new.name} ({why}); it is kept, and no longer "
                              "counts as a checkpoint")
             if moved:
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
         _barrier()
         return moved
 
@@ -230,13 +214,15 @@ class CheckpointStore:
             sums = gathered_digests(tmp, sizes, self.digests, self.checksums, self.writer_of)
         if rank() == 0:
             meta = dict(meta, format=FORMAT, step=step, saved_at=time.time(), files=sizes, **sums)
-            _write_atomic(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
-            if final.exists():                               # re-saving a step (e.g. after a rollback)
+            write_atomic(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
+            stale = None
+            if final.exists():        # re-saving a step (after a rollback): the old one goes only once the new is in
                 stale = final.with_name(final.name + f".stale-{int(time.time())}")
                 final.rename(stale)
-                shutil.rmtree(stale, ignore_errors=True)
             tmp.rename(final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
+            if stale is not None:
+                shutil.rmtree(stale, ignore_errors=True)
             self._retain(final)
         _barrier()
         return final
