@@ -77,7 +77,8 @@ def session_runs(request, tmp_path_factory):
     trained in the background from the session's first test on (`shared_runs_started`)."""
     runs = SessionRuns(tmp_path_factory.mktemp("runs"), request.config.stash.get(WANTED_RUNS, ()))
     runs.start(prepare=build_demo_data)
-    return runs
+    yield runs
+    runs.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,6 +15,7 @@ side by side, then 4, then 1 and 2 again (SessionRuns).
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -67,15 +68,30 @@ def train_many(root, jobs: dict, nproc=2, recipe="gpt-tiny", timeout=900) -> dic
     return {name: records(root / name) for name in jobs}
 
 
+LIVE_LAUNCHES: set = set()       # torchrun launches in flight (SessionRuns.stop ends them)
+
+
 def launch(jobs_file, jobs: list, nproc=2, recipe="gpt-tiny", timeout=900) -> None:
     """[(run_dir, overrides)] in one torchrun launch of tests/run_jobs.py, in this order; fails naming the job."""
     spec = [{"recipe": recipe, "log": str(run_dir), "overrides": [*BASE, f"cluster.devices_per_node={nproc}",
                                                                    f"run_dir={run_dir}", *overrides]}
             for run_dir, overrides in jobs]
     jobs_file.write_text(json.dumps(spec, indent=1))
-    res = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                          str(REPO / "tests" / "run_jobs.py"), str(jobs_file)], cwd=REPO, capture_output=True,
-                         text=True, env=dict(training_env(), PYTHONPATH=str(REPO)), timeout=timeout)
+    # its own session, so that SessionRuns.stop can end it; the workers die with torchrun (PDEATHSIG)
+    proc = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                             str(REPO / "tests" / "run_jobs.py"), str(jobs_file)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env=dict(training_env(), PYTHONPATH=str(REPO)))
+    LIVE_LAUNCHES.add(proc)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    finally:
+        LIVE_LAUNCHES.discard(proc)
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if res.returncode != 0:
         started = [run_dir for run_dir, _ in jobs if Path(f"{run_dir}.rank0.log").exists()]
         last = f"last job started: {started[-1]}\n{job_log(started[-1], nproc)[-3000:]}" if started else ""
@@ -164,6 +180,7 @@ class SessionRuns:
         self.wanted = with_needs(n for n in wanted if n in SETS)
         self.done, self.failed, self.launched = {}, {}, []       # launched: the sets of each launch, in order
         self.lock, self.prepared, self.prepare_error = threading.RLock(), threading.Event(), None
+        self.thread, self.stopping = None, False
 
     def start(self, prepare: Callable[[], object]) -> None:
         def train_all():
@@ -178,7 +195,20 @@ class SessionRuns:
                     self.get(name)
                 except AssertionError:         # recorded in self.failed: the set's fixture raises it
                     pass
-        threading.Thread(target=train_all, name="shared-runs", daemon=True).start()
+        self.thread = threading.Thread(target=train_all, name="shared-runs", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """The session ends (also early: -x, a KeyboardInterrupt): no new wave starts, the launches in flight
+        are killed, the background thread is waited for. No training outlives the session."""
+        self.stopping = True
+        for proc in list(LIVE_LAUNCHES):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.thread is not None:
+            self.thread.join()
 
     def get(self, name) -> Runs:
         self.prepared.wait()
@@ -188,6 +218,8 @@ class SessionRuns:
             return self._get(name)
 
     def _get(self, name) -> Runs:
+        if self.stopping and name not in self.done:
+            raise AssertionError(f"{name}: not trained, the session is ending")
         if name not in self.done and name not in self.failed:
             for need in SETS[name].needs:
                 try:
