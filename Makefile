@@ -102,6 +102,15 @@ bench-preprocess: $(STAMP)  ## tokenization vs encode_batch_fast (50 MB), dedup 
 bench-train: $(STAMP)  ## our loop vs a bare loop, tokens/s side by side -> docs/bench-train.md
 	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node=1 -m pretrain.bench_train
 
+doctor: $(STAMP)  ## what this machine has (torch, CUDA, GPUs, NCCL, TE, Apex kernels, DeepSpeed ops) and what RECIPE runs here
+	$(PY) -m launch.doctor
+
+gpu-check:  ## on one GPU: doctor, bf16 gpt-125m vs make plan, fp32 GPU=CPU, kill+resume bitwise, ZeRO-2 (DRY_RUN=1 lists)
+	@bash launch/gpu_check.sh
+
+gpu-check-wheels: $(STAMP)  ## .whl/: the pinned packages a bare GPU machine lacks (for make gpu-check there)
+	@bash launch/gpu_check.sh wheels
+
 bench: bench-preprocess bench-train  ## all benchmarks
 
 pretrain: $(STAMP)  ## compose, validate, prepare data; train here (cluster=local) or render + sbatch (SLURM profiles); DRY_RUN=1 prints
@@ -137,5 +146,5 @@ report: $(STAMP)  ## RUN=<run_dir>: steps, tokens, restarts, spikes, rollbacks, 
 clean:  ## remove runs/ and outputs (keeps data/ and .venv)
 	rm -rf runs outputs multirun
 
-.PHONY: help setup test test-fast lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench pretrain ablate ladder \
+.PHONY: help setup test test-fast lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench doctor gpu-check gpu-check-wheels pretrain ablate ladder \
 	export import-hf eval-data eval compare ckpt-info report clean

@@ -75,15 +75,17 @@ def test_fused_softmax_is_asked_for_only_where_apex_provides_it(monkeypatch):
     from megatron.core.transformer.enums import AttnMaskType
 
     from pretrain.config.compose import load_recipe
-    from pretrain.model import gpt
+    from pretrain.model import fusions, gpt
     fused = FusedScaleMaskSoftmax(input_in_fp16=False, input_in_bf16=True, attn_mask_type=AttnMaskType.causal,
                                   scaled_masked_softmax_fusion=True, mask_func=None, softmax_in_fp32=True,
                                   scale=None)
-    if not gpt.has_apex_softmax():
+    if not fusions.kernels_present()["masked_softmax_fusion"]:
         with pytest.raises(ImportError, match="scaled_masked_softmax_cuda"):
             fused.is_kernel_available(None, 8, 12, 2048, 2048)
     cfg = load_recipe("gpt-125m")
+    probed = fusions.kernels_present()
     for present in (False, True):
-        monkeypatch.setattr(gpt, "has_apex_softmax", lambda present=present: present)
+        monkeypatch.setattr(fusions, "kernels_present",
+                            lambda te_spec=False, present=present: dict(probed, masked_softmax_fusion=present))
         assert gpt.transformer_config(cfg, on_gpu=True).masked_softmax_fusion is present
     assert gpt.transformer_config(cfg, on_gpu=False).masked_softmax_fusion is False

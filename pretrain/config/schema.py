@@ -56,6 +56,8 @@ class ModelConfig:
                                          "available.")
     layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every "
                                             "TP/PP layout starts equal.")
+    init_on_cpu: bool = doc(False, "Draw the layout-invariant init on the host's generator: the same weights on CPU "
+                                   "and GPU runs (CUDA's stream differs), at host speed.")
     transformer_impl: str = doc("auto", "Layer spec: 'local' (megatron-core modules), 'transformer_engine', or 'auto' "
                                         "(TE when importable).")
 

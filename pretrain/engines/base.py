@@ -111,6 +111,14 @@ class Engine(ABC):
     def parameters_on_rank(self) -> int:
         return sum(t.numel() for t in self.local_parameters())
 
+    def optimizer_kernel(self) -> str:
+        """The class that does the update arithmetic (torch AdamW, FusedAdam, ...), under the engine's wrappers
+        (mixed precision, distributed optimizer, ZeRO): which kernel a GPU run got is not visible elsewhere."""
+        inner = getattr(self, "optimizer", None)
+        while hasattr(inner, "optimizer") or hasattr(inner, "chained_optimizers"):
+            inner = inner.chained_optimizers[0] if hasattr(inner, "chained_optimizers") else inner.optimizer
+        return type(inner).__name__ if inner is not None else "?"
+
     def weights_finite(self) -> bool:
         """Whether every rank's weights are finite (agreed: a MIN all-reduce); the loop never saves otherwise."""
         params = self.local_parameters()          # one flag per tensor on the device, one host sync at the end

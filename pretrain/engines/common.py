@@ -13,10 +13,20 @@ import torch
 import torch.distributed as dist
 
 
-def init_distributed(timeout_minutes: int = 30) -> None:
-    """torch.distributed from torchrun/SLURM env: NCCL on GPUs, gloo on CPU."""
-    if dist.is_initialized():
-        return
+def init_distributed(timeout_minutes: int = 30, expected_world_size: int = 0) -> None:
+    """torch.distributed from torchrun/SLURM env: NCCL on GPUs, gloo on CPU. `expected_world_size`: the
+    config's nodes x devices_per_node, from which micro-batch counts and MFU were derived; a launch with
+    another process count is refused here rather than training on wrong batch arithmetic."""
+    if not dist.is_initialized():
+        _init_process_group(timeout_minutes)
+    if expected_world_size and dist.get_world_size() != expected_world_size:
+        raise RuntimeError(f"{dist.get_world_size()} processes were launched but the config derives its batch "
+                           f"split for cluster.nodes x cluster.devices_per_node = {expected_world_size}. Fix: "
+                           f"launch {expected_world_size} processes, or set cluster.devices_per_node (and nodes) "
+                           "to what this launch has.")
+
+
+def _init_process_group(timeout_minutes: int) -> None:
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
         # `srun` one task per GPU (launch/templates/sbatch.j2): ranks from SLURM; the batch script
         # exports MASTER_ADDR/MASTER_PORT (first host of the allocation, a port from the job id).

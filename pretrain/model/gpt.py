@@ -16,19 +16,11 @@ from megatron.core.utils import init_method_normal
 
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
+from . import fusions
 
 
 def has_transformer_engine() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
-
-
-APEX_SOFTMAX = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda")
-
-
-def has_apex_softmax() -> bool:
-    """Apex's fused softmax extensions, which megatron-core's FusedScaleMaskSoftmax (the local layer spec's
-    attention) imports for fp16/bf16 scores with 16 < seq <= 4096 when masked_softmax_fusion is on."""
-    return all(importlib.util.find_spec(name) is not None for name in APEX_SOFTMAX)
 
 
 def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> TransformerConfig:
@@ -72,15 +64,9 @@ def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> Tran
         bf16=pr.bf16,
         fp16=pr.fp16,
         use_cpu_initialization=not on_gpu,
-        # Fusions run on GPUs only. Bias+GeLU and bias+dropout are megatron-core's own jit-fused functions;
-        # the masked softmax is Apex's CUDA extension: on without it, the local spec's first fp16/bf16
-        # forward fails importing it (TE's attention does not use it).
-        bias_activation_fusion=on_gpu and m.activation == "gelu" and m.add_bias_linear,
-        masked_softmax_fusion=on_gpu and has_apex_softmax(),
-        bias_dropout_fusion=on_gpu,
-        gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
+        # Each fusion only where its kernel is present (model/fusions.py): megatron-core imports the kernel
+        # at the first forward, so a flag set without it is a crash minutes into the job.
+        **fusions.decide(cfg, on_gpu, te_spec=use_transformer_engine(cfg)),
     )
     if not m.scaled_output_init:
         kwargs["output_layer_init_method"] = init_method_normal(m.init_method_std)

@@ -5,7 +5,8 @@ model starts from different weights than PP=1 and their losses cannot be compare
 every weight matrix is drawn from a generator seeded by (seed, its global name), built
 at full size and sliced to this rank's shard. Biases and norms keep megatron-core's
 deterministic zeros/ones. Costs one transient full-size tensor per parameter at start-up,
-on the parameter's device (`model.layout_invariant_init=false` keeps megatron-core's own init).
+on the parameter's device, or on the host with `model.init_on_cpu` (the same weights on a CPU and a
+GPU run; `model.layout_invariant_init=false` keeps megatron-core's own init).
 """
 from __future__ import annotations
 
@@ -85,6 +86,6 @@ def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int,
             full_shape[dim] *= ways
         p_std = scaled if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
         with gather(param):
-            full = _full_tensor(cfg, name, full_shape, p_std, param.device)
+            full = _full_tensor(cfg, name, full_shape, p_std, "cpu" if cfg.model.init_on_cpu else param.device)
             value = _shard(cfg, name, full, dim, ways, index) if split else full
-            param.copy_(value.to(param.dtype))
+            param.copy_(value.to(param.device, param.dtype))

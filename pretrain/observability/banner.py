@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from ..config.schema import JobConfig
+from ..model.fusions import FUSIONS
 from ..model.inventory import count_params
 from ..plan.estimate import human
 
@@ -27,6 +28,13 @@ def _engine_line(cfg: JobConfig, layout: dict) -> str:
         sharding = "distributed optimizer (ZeRO-1)" if layout.get("distributed_optimizer") else "replicated optimizer"
         return f"megatron-core (parallel.engine=megatron), {sharding}"
     return f"{cfg.parallel.engine} (parallel.engine)"
+
+
+def _fusions_line(engine) -> str:
+    """The fused kernels megatron-core will call (model/fusions.py decided each from a probe of its kernel)."""
+    tconfig = getattr(engine, "tconfig", None)
+    on = [f.flag.replace("_fusion", "") for f in FUSIONS if getattr(tconfig, f.flag, False)]
+    return ", ".join(on) if on else "none" + (" (CPU)" if not torch.cuda.is_available() else "")
 
 
 def _batch_line(cfg: JobConfig) -> str:
@@ -61,10 +69,11 @@ def run_banner(cfg: JobConfig, engine) -> str:
                        + f"; per rank {human(min(per_rank))}"
                        + (f" - {human(max(per_rank))}" if max(per_rank) != min(per_rank) else "")),
         ("precision", f"{cfg.precision.dtype} (precision.dtype)"),
+        ("fusions", _fusions_line(engine)),
         ("batch", _batch_line(cfg)),
         ("length", f"{d.train_iters:,} steps, {human(d.train_tokens)} tokens; lr {cfg.optim.lr:g} "
                    f"{s.lr_decay_style} to {cfg.optim.min_lr:g}, warmup {s.lr_warmup:,} {s.unit}; "
-                   f"optimizer {cfg.optim.name}"),
+                   f"optimizer {cfg.optim.name} ({engine.optimizer_kernel()})"),
         ("data", data),
         ("run dir", str(cfg.run_dir)),
     ]

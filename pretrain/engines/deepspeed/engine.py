@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -86,6 +87,14 @@ class _Veto:
         return None
 
 
+def arch_list_for_op_builder(value: str) -> str:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed 0.19.8's op builder can parse it. Its compute_capability_args sorts
+    the entries by int() of each dotted part, so an arch-specific entry such as '9.0a' (what Hopper images
+    set) raises ValueError while FusedAdam builds at deepspeed.initialize (seen on an H100, docs/gpu-check.md).
+    Its kernels use no arch-specific instruction: '9.0a' -> '9.0'; '+PTX' and other entries are kept."""
+    return re.sub(r"(\d+\.\d+)[a-z]+", r"\1", value)
+
+
 class DeepSpeedEngine(Engine):
     name = "deepspeed"
 
@@ -98,7 +107,9 @@ class DeepSpeedEngine(Engine):
         self.cfg = cfg
         self.on_cpu = megatron_cpu_compat.apply()     # the model is megatron-core's
         cpu_compat.apply()
-        init_distributed(cfg.stability.distributed_timeout_minutes)
+        if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list_for_op_builder(os.environ["TORCH_CUDA_ARCH_LIST"])
+        init_distributed(cfg.stability.distributed_timeout_minutes, cfg.derived.world_size)
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)   # wraps ours
         if not ps.model_parallel_is_initialized():
             ps.initialize_model_parallel(tensor_model_parallel_size=cfg.parallel.tensor_model_parallel_size)
@@ -241,6 +252,9 @@ class DeepSpeedEngine(Engine):
     def checkpoint_meta(self) -> dict:
         return {"engine": self.name, "precision": self.cfg.precision.dtype, "zero_stage": self.cfg.deepspeed.zero_stage,
                 "layout": self.layout()}
+
+    def optimizer_kernel(self) -> str:
+        return type(self.ds.basic_optimizer).__name__    # under DeepSpeed's ZeRO and mixed-precision wrappers
 
     def layout(self) -> dict:
         return {"tp": self.cfg.parallel.tensor_model_parallel_size, "pp": 1, "vpp": None, "cp": 1, "ep": 1,

@@ -50,7 +50,7 @@ class MegatronEngine(Engine):
         self.cfg = cfg
         self._async_queue = None
         self.on_cpu = cpu_compat.apply()
-        init_distributed(cfg.stability.distributed_timeout_minutes)
+        init_distributed(cfg.stability.distributed_timeout_minutes, cfg.derived.world_size)
         p = cfg.parallel
         if not ps.model_parallel_is_initialized():
             ps.initialize_model_parallel(

@@ -1,0 +1,98 @@
+"""The GPU path's decisions, checked here on CPU: fusions follow their kernels (model/fusions.py), a run
+launched with another process count than its config is refused, DeepSpeed's op builder gets an arch list it
+can parse, `make doctor` and `make gpu-check DRY_RUN=1` answer. The GPU runs themselves: docs/gpu-check.md."""
+import os
+import subprocess
+
+import pytest
+import torch
+
+from pretrain.config.compose import load_recipe
+from pretrain.model import fusions
+from tests.conftest import REPO
+
+ALL = {f.flag: True for f in fusions.FUSIONS}
+NONE = {f.flag: False for f in fusions.FUSIONS}
+
+
+def test_each_fusion_follows_its_kernel_and_what_it_serves():
+    gpt = load_recipe("gpt-125m")                       # GeLU with biases, LayerNorm, bf16, megatron engine
+    assert fusions.decide(gpt, on_gpu=True, have=ALL) == {
+        "masked_softmax_fusion": True, "bias_activation_fusion": False,   # megatron's fused GeLU is tanh-approx
+        "bias_dropout_fusion": True, "gradient_accumulation_fusion": True, "persist_layer_norm": True,
+        "apply_rope_fusion": False, "cross_entropy_loss_fusion": True}
+    llama = load_recipe("llama-tiny", ["precision=fp32", "parallel=ds-zero2"])   # SwiGLU, RMSNorm, RoPE, fp32
+    assert fusions.decide(llama, on_gpu=True, have=ALL) == {
+        "masked_softmax_fusion": False, "bias_activation_fusion": True, "bias_dropout_fusion": True,
+        "gradient_accumulation_fusion": False,            # DeepSpeed keeps no main_grad buffers
+        "persist_layer_norm": False, "apply_rope_fusion": True,
+        "cross_entropy_loss_fusion": False}               # its backward casts the gradient to bf16
+    for cfg in (gpt, llama):
+        assert not any(fusions.decide(cfg, on_gpu=True, have=NONE).values())
+        assert not any(fusions.decide(cfg, on_gpu=False, have=ALL).values())
+
+
+def test_gpu_decisions_without_kernels_build_and_train_a_125m_shaped_model(monkeypatch, single_rank_megatron):
+    """gpt-125m's shape (12 x 768, 12 heads) in bf16 with the decisions a GPU node without Apex, TE or Triton
+    takes: megatron-core must not reach for a missing kernel (the first H100 run's probable crash, before
+    model/fusions.py). The sequence (256) keeps the fused-softmax path's 16 < seq <= 4096 window."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from pretrain.engines.megatron import cpu_compat
+    from pretrain.model import gpt
+    cpu_compat.apply()
+    model_parallel_cuda_manual_seed(1234)
+    monkeypatch.setattr(fusions, "kernels_present", lambda te_spec=False: dict(NONE))
+    for name in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):   # left by CPU configs (backend local)
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_recipe("gpt-125m", ["model.seq_length=256", "model.vocab_size=4096"])
+    config = gpt.transformer_config(cfg, on_gpu=True)
+    assert not any(getattr(config, f.flag) for f in fusions.FUSIONS)
+    config.use_cpu_initialization = True               # the one GPU decision a CPU cannot take
+    model = gpt.build_gpt_model(cfg, config).to(torch.bfloat16)
+    tokens = torch.randint(0, 4096, (1, 256))
+    position_ids = torch.arange(256).unsqueeze(0)
+    loss = model(tokens, position_ids, None, labels=tokens).float().mean()
+    loss.backward()
+    assert torch.isfinite(loss) and 7.0 < loss.item() < 10.0          # ~ln(4096) = 8.3 at init
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(grads) == len(list(model.parameters())) and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_deepspeed_gets_an_arch_list_its_op_builder_parses(monkeypatch):
+    """DeepSpeed 0.19.8 int()s every dotted part of TORCH_CUDA_ARCH_LIST: the H100 image's '9.0a' raised
+    ValueError inside FusedAdamBuilder().load() (first gpu-check run); the engine rewrites it first. Shown with
+    DeepSpeed's own CUDA builder class (its arch parsing needs no GPU)."""
+    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+
+    from pretrain.engines.deepspeed.engine import arch_list_for_op_builder
+    assert arch_list_for_op_builder("8.0;9.0a+PTX 10.0f") == "8.0;9.0+PTX 10.0"
+    assert arch_list_for_op_builder("7.5 8.6") == "7.5 8.6"
+    builder = FusedAdamBuilder()
+    builder.jit_mode = True
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    with pytest.raises(ValueError, match="0a"):
+        builder.compute_capability_args()
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list_for_op_builder("9.0a"))
+    builder.compute_capability_args()
+
+
+def test_a_launch_with_another_process_count_is_refused(single_rank_megatron):
+    from pretrain.engines.common import init_distributed
+    init_distributed(expected_world_size=1)
+    with pytest.raises(RuntimeError, match="cluster.devices_per_node"):
+        init_distributed(expected_world_size=2)
+
+
+def test_doctor_and_the_gpu_check_dry_run_answer_on_cpu():
+    env = dict(os.environ, RECIPE="llama-8b", DRY_RUN="1")
+    doctor = subprocess.run(["make", "-s", "doctor"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert doctor.returncode == 0, doctor.stderr[-2000:]
+    assert "| torch |" in doctor.stdout and "recipe llama-8b" in doctor.stdout
+    assert "| apply_rope_fusion | off | GPU only |" in doctor.stdout
+    check = subprocess.run(["make", "-s", "gpu-check"], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert check.returncode == 0, check.stderr[-2000:]
+    for step in ("bf16-gpt-125m", "fp32-vs-cpu", "kill-resume", "ds-zero2", "dist-opt-overlap", "te-spec"):
+        assert step in check.stdout
