@@ -63,6 +63,14 @@ $(STAMP): pyproject.toml constraints.txt
 	    deepspeed==0.19.8
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' \
 	    --config-settings editable_mode=compat
+	@if [ -z "$$SKIP_GPU_EXTRA" ] && nvidia-smi -L >/dev/null 2>&1; then \
+	    echo ">> a CUDA GPU is here: the gpu extra (Transformer Engine; builds against torch: nvcc + cuDNN, docs/gpu.md)"; \
+	    $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-build-isolation -e '.[gpu]' \
+	        --config-settings editable_mode=compat \
+	    || { echo ">> the gpu extra failed to build: fix the toolkit (docs/gpu.md), use a container, or SKIP_GPU_EXTRA=1"; \
+	         exit 1; }; \
+	    $(PY) -m launch.doctor; \
+	fi
 	@touch $@
 
 setup: $(STAMP)  ## create .venv with pinned deps (idempotent)

@@ -3,6 +3,24 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .config import doc
+
+
+@dataclass
+class JobStepConfig:
+    """How a site runs a job's commands: in a container, with extra srun arguments, behind a prefix. Shared by
+    the recipe's `cluster` and preprocessing's `slurm` sections (launch/slurm.py `step_words` renders it)."""
+    container_image: Optional[str] = doc(None, "Container image of every job step (pyxis: srun --container-image), "
+                                               "e.g. nvcr.io#nvidia/pytorch:25.09-py3; null: the checkout's .venv.")
+    container_mounts: List[str] = doc(None, "pyxis --container-mounts entries (src:dst[:flags]); the repository is "
+                                            "always mounted at its own path.", factory=list)
+    srun_args: List[str] = doc(None, "Extra srun arguments of every job step (e.g. --mpi=pmix, --gpu-bind=closest).",
+                               factory=list)
+    command_prefix: List[str] = doc(None, "Words before the Python command of every step (e.g. [apptainer, exec, "
+                                          "--nv, image.sif]).", factory=list)
 
 SBATCH_FIELDS = ("partition", "account", "qos", "mem", "time", "constraint")
 

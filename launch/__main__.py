@@ -28,7 +28,7 @@ from common.cli import command, env_flag, overrides_from_env, recipe_from_env
 from common.config import ConfigError
 from common.files import write_atomic
 from launch.preprocess import dry_run as preprocess_scripts
-from launch.preprocess import dry_run_local, submit_pipeline
+from launch.preprocess import dry_run_local, submit_pipeline, with_cluster
 from launch.slurm import render, submit
 from preprocessing.cli import load_config
 from preprocessing.pipeline import run_pipeline
@@ -40,7 +40,7 @@ def missing_blend_config(job):
     """The preprocessing config that writes the recipe's missing blend; None when there is nothing to do."""
     if job.data.mock or not job.data.blend or Path(job.data.blend).exists():
         return None
-    cfg = load_config(job.data.preprocess)
+    cfg = with_cluster(load_config(job.data.preprocess), job.cluster)
     writes = Path(cfg.output_dir) / "blend.json"
     if writes.resolve() != Path(job.data.blend).resolve():
         # the pipeline would run (for hours) and training would still not find its data

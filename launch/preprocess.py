@@ -42,7 +42,7 @@ from common.cli import env_flag, overrides_from_env, recipe_from_env
 from common.config import ConfigError
 from common.paths import REPO_ROOT
 from common.slurm_values import sbatch_problems
-from launch.slurm import sbatch, template
+from launch.slurm import sbatch, step_words, template
 from preprocessing.cli import cli_main, load_config
 from preprocessing.config import PreprocessConfig
 from preprocessing.pipeline import problems, run_pipeline, stage_shards, stages_of
@@ -63,7 +63,24 @@ def stages_to_submit(cfg) -> list[str]:
 def render_stage(cfg, stage: str, config: Path) -> str:
     return template("preprocess.sbatch.j2").render(
         stage=stage, name=cfg.name, s=cfg.slurm, shards=stage_shards(cfg, stage), logs=str(config.parent / "logs"),
-        repo=str(REPO_ROOT), python=sys.executable, config=str(config))
+        repo=str(REPO_ROOT), step=step_words(cfg.slurm), config=str(config))
+
+
+def with_cluster(cfg, cluster):
+    """The jobs `make pretrain` submits for a recipe's missing blend run where the recipe's cluster profile
+    says (the site's account, partition, modules, container): the preprocessing config's own slurm values win
+    where set; partition, account, qos and the job-step fields (container, srun arguments, command prefix) come
+    from the cluster otherwise; setup lines and env are the cluster's, then the preprocessing config's."""
+    s = cfg.slurm
+    for key in ("partition", "account", "qos", "container_image"):
+        if getattr(s, key) is None:
+            setattr(s, key, getattr(cluster, key))
+    for key in ("container_mounts", "srun_args", "command_prefix"):
+        if not getattr(s, key):
+            setattr(s, key, list(getattr(cluster, key)))
+    s.setup = [*cluster.setup, *s.setup]
+    s.env = {**cluster.env, **s.env}
+    return cfg
 
 
 def check(cfg) -> None:

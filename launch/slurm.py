@@ -46,17 +46,50 @@ def template(name: str) -> jinja2.Template:
     return env.get_template(name)
 
 
+def step_words(s) -> dict:
+    """How the commands of a job run, from a cluster-like section's JobStepConfig fields (the recipe's cluster,
+    preprocessing's slurm): `srun` (a job step with the site's srun arguments and pyxis' container flags),
+    `python` (the Python command, behind `command_prefix`; in a container its own `python`, else this .venv's)
+    and `host_python` (Python in the batch shell: a one-task step where a container or prefix is set, since the
+    batch shell itself runs on the host). Every word is shell-quoted."""
+    words = []
+    if s.container_image:
+        mounts = [f"{REPO_ROOT}:{REPO_ROOT}", *s.container_mounts]
+        words += [f"--container-image={s.container_image}", f"--container-mounts={','.join(mounts)}",
+                  f"--container-workdir={REPO_ROOT}"]
+    srun = "srun" + "".join(" " + shlex.quote(w) for w in [*words, *s.srun_args])
+    python = shlex.join([*s.command_prefix, "python" if s.container_image else sys.executable])
+    wrapped = bool(s.container_image or s.command_prefix)
+    return {"srun": srun, "python": python,
+            "host_python": f"{srun} --ntasks=1 --nodes=1 {python}" if wrapped else python}
+
+
+def checkpoint_gb(job) -> float:
+    """What the checkpoint directory needs free: make plan's bytes of one checkpoint x (keep_last + 1), the +1
+    being the save in flight before retention deletes the oldest (keep_last 0 keeps all: 10 counted)."""
+    from pretrain.plan.memory import checkpoint_bytes
+    kept = job.checkpoint.keep_last or 9
+    return round(checkpoint_bytes(job) * (kept + 1) / 1e9, 1)
+
+
 def render(job, run_dir: Path) -> str:
     from pretrain.stability.preemption import REQUEUE_EXIT  # imports torch: only for training jobs
     c = job.cluster
+    torchrun = c.launcher != "srun"
+    # cluster.cpus_per_task is per rank: one srun task per GPU gets it; srun-torchrun's one task per node
+    # gets it for each of its workers (each worker then runs OMP_NUM_THREADS = cpus_per_task threads)
+    task_cpus = (c.cpus_per_task * (c.devices_per_node if torchrun else 1)) if c.cpus_per_task else None
+    step = step_words(c)
     bad_file = Path(c.bad_nodes_file)
     bad_file = bad_file if bad_file.is_absolute() else REPO_ROOT / bad_file
     text = template(TEMPLATE.name).render(
-        job=job, c=c, run_dir=str(run_dir.resolve()), repo=str(REPO_ROOT), python=sys.executable,
+        job=job, c=c, run_dir=str(run_dir.resolve()), repo=str(REPO_ROOT), step=step,
         config=str((run_dir / "config.yaml").resolve()), launcher=c.launcher,
         tasks_per_node=c.devices_per_node if c.launcher == "srun" else 1, gpus=c.gpu_type != "cpu",
+        task_cpus=task_cpus, omp_threads=c.cpus_per_task or 1,
         # srun (22.05+) does not take --cpus-per-task from the allocation: repeat it on the step
-        cpus=f" --cpus-per-task={c.cpus_per_task}" if c.cpus_per_task else "",
+        cpus=f" --cpus-per-task={task_cpus}" if task_cpus else "",
+        min_free_gb=c.health_min_free_gb if c.health_min_free_gb is not None else checkpoint_gb(job),
         exclude=sorted(set(c.exclude) | set(bad_nodes(bad_file))), bad_nodes_file=str(bad_file),
         log_pattern=str((run_dir / "logs" / "slurm-%j.out").resolve()), requeue_exit=REQUEUE_EXIT,
         checkpoint_dir=str(Path(job.checkpoint.dir or run_dir / "checkpoints").resolve()))

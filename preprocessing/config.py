@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from common.config import doc
+from common.slurm_values import JobStepConfig
 
 STAGE_NAMES = ("prepare", "signatures", "buckets", "verify", "clusters", "write", "filter", "tokenize", "merge")
 
@@ -118,7 +119,7 @@ class TokenizeConfig:
 
 
 @dataclass
-class SlurmJobConfig:
+class SlurmJobConfig(JobStepConfig):
     """CPU jobs of `make preprocess LAUNCHER=slurm` (launch/preprocess.py)."""
     partition: Optional[str] = doc(None, "SLURM partition of the CPU jobs (null: the cluster's default).")
     account: Optional[str] = doc(None, "SLURM account.")

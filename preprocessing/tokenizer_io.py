@@ -62,14 +62,16 @@ class HFTokenizer:
     def decode(self, ids: List[int]) -> str:
         return self.tok.decode(ids)
 
-    def save(self, directory: str | Path) -> None:
-        """tokenizer.json + transformers config (for exports and AutoTokenizer)."""
+    def save(self, directory: str | Path, max_length: int | None = None) -> None:
+        """tokenizer.json + transformers config (for exports and AutoTokenizer); `max_length`: the model's
+        positions, so transformers truncates and warns there instead of indexing past the position table."""
         from transformers import PreTrainedTokenizerFast
         eod = self.tok.id_to_token(self.eod)
         # the other special tokens (FIM sentinels) listed too, so transformers treats them as special
         extra = [t.content for t in self.tok.get_added_tokens_decoder().values() if t.special and t.content != eod]
+        limit = {"model_max_length": max_length} if max_length else {}
         PreTrainedTokenizerFast(tokenizer_object=self.tok, eos_token=eod, bos_token=eod, unk_token=eod,
-                                additional_special_tokens=extra).save_pretrained(str(directory))
+                                additional_special_tokens=extra, **limit).save_pretrained(str(directory))
 
 
 class SentencePieceTokenizer:
@@ -89,11 +91,12 @@ class SentencePieceTokenizer:
     def decode(self, ids: List[int]) -> str:
         return self.sp.decode(ids)
 
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, max_length: int | None = None) -> None:
         from transformers import LlamaTokenizer
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        LlamaTokenizer(vocab_file=str(self.files[0]), add_bos_token=False, legacy=True).save_pretrained(str(directory))
+        LlamaTokenizer(vocab_file=str(self.files[0]), add_bos_token=False, legacy=True,
+                       **({"model_max_length": max_length} if max_length else {})).save_pretrained(str(directory))
 
 
 @contextmanager

@@ -21,9 +21,11 @@ BELOW = {"common": set(), "hydra_plugins": set(), "preprocessing": {"common"}, "
 HEAVY = {"torch", "megatron", "deepspeed", "transformers", "lm_eval", "matplotlib", "datasets", "tensorboard",
          "wandb", "mlflow", "submitit", "numpy", "datasketch", "tokenizers", "sentencepiece", "pyarrow"}
 # What the ground floor may import besides itself, common/ and preprocessing's config: the registries
-# (names checked at compose time), the schedules' registry and batch ramp, and DeepSpeed's template checks.
+# (names checked at compose time), the schedules' registry and batch ramp, DeepSpeed's template checks, and
+# two tables read by the precision rules: the fusions' kernel probes and the GPU types with FP8.
 CONFIG_MAY_IMPORT = {"pretrain.engines.registry", "pretrain.optim.registry", "pretrain.observability.trackers.registry",
-                     "pretrain.schedules", "pretrain.engines.deepspeed.ds_config", "preprocessing.config"}
+                     "pretrain.schedules", "pretrain.engines.deepspeed.ds_config", "preprocessing.config",
+                     "pretrain.model.fusions", "pretrain.plan.hardware"}
 
 
 def modules(root: Path) -> dict[str, Path]:

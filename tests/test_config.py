@@ -115,3 +115,26 @@ def test_make_passes_overrides_through_the_environment_unexecuted(tmp_path):
     assert res.returncode == 0, res.stderr
     assert f"name: a b $(touch {marker})" in res.stdout
     assert not marker.exists()
+
+
+def test_an_upgrade_that_adds_fields_does_not_make_a_run_another_run():
+    """A run directory's config.yaml written before fields were added (cluster.container_image, precision.fp8,
+    ...) is the same run when every added field holds its default; a changed value still differs."""
+    import yaml
+
+    from pretrain.config.compose import config_diff, to_yaml
+    cfg = load_recipe("gpt-tiny")
+    old = yaml.safe_load(to_yaml(cfg))
+    for section, keys in {"cluster": ("container_image", "container_mounts", "srun_args", "command_prefix",
+                                      "nccl_debug", "flight_recorder"),
+                          "model": ("fusions_required", "init_on_cpu"), "precision": ("fp8", "fp8_recipe")}.items():
+        for key in keys:
+            del old[section][key]
+    assert config_diff(yaml.safe_dump(old), cfg) == []
+    old["optim"]["lr"] = 1.0
+    assert [k for k, _, _ in config_diff(yaml.safe_dump(old), cfg)] == ["optim.lr"]
+    fp8 = load_recipe("gpt-tiny", ["precision=bf16", "precision.fp8=e4m3", "cluster.container_image=img",
+                                   "cluster.gpu_type=H100-SXM", "model.transformer_impl=transformer_engine"])
+    assert [k for k, _, _ in config_diff(yaml.safe_dump(old), fp8)] == [
+        "cluster.container_image", "cluster.gpu_type", "model.transformer_impl", "optim.lr", "precision.dtype",
+        "precision.fp8"]

@@ -50,6 +50,7 @@ def check_parity(ckpt, out_dir):
     model = ours(model_state(resolve(ckpt), cfg), cfg)
     hf = AutoModelForCausalLM.from_pretrained(str(exported), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(exported))
+    assert tok.model_max_length == cfg.derived.max_position_embeddings    # not transformers' 1e30 default
     vocab = hf.config.vocab_size
     text = "Now is the winter of our discontent made glorious summer by this sun of York"
     ids = torch.tensor([tok(text)["input_ids"][:TOKENS]])

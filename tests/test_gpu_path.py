@@ -96,3 +96,39 @@ def test_doctor_and_the_gpu_check_dry_run_answer_on_cpu():
     assert check.returncode == 0, check.stderr[-2000:]
     for step in ("bf16-gpt-125m", "fp32-vs-cpu", "kill-resume", "ds-zero2", "dist-opt-overlap", "te-spec"):
         assert step in check.stdout
+
+
+def refusals(recipe: str, overrides: list[str]) -> str:
+    from common.config import ConfigError
+    with pytest.raises(ConfigError) as err:
+        load_recipe(recipe, overrides)
+    return str(err.value)
+
+
+def test_fp8_is_a_precision_decision_refused_where_it_cannot_run():
+    """Here (no Transformer Engine) FP8 is refused naming it; in a container the job's own environment decides,
+    so compose maps it; the GPU, the recipe and the bf16 layers are checked either way."""
+    from pretrain.model.gpt import transformer_config
+    assert "needs Transformer Engine" in refusals("llama-8b", ["precision.fp8=e4m3"])
+    image = ["cluster.container_image='nvcr.io#nvidia/pytorch:25.09-py3'", "model.transformer_impl=transformer_engine"]
+    text = refusals("llama-8b", [*image, "precision.fp8=e4m3", "cluster.gpu_type=A100-SXM",
+                                 "precision.fp8_recipe=delayed", "precision=fp16"])
+    assert "no FP8 tensor cores" in text and "delayed scaling cannot keep layers in bf16" in text
+    assert "precision.dtype=fp16" in text
+    assert "Blackwell" in refusals("llama-8b", [*image, "precision.fp8=hybrid", "precision.fp8_recipe=mxfp8"])
+    assert "transformer_impl=local" in refusals("llama-8b", [*image[:1], "precision.fp8=e4m3",
+                                                             "model.transformer_impl=local"])
+    cfg = load_recipe("llama-8b-fp8")                   # the documented FP8 recipe: its container decides
+    tc = transformer_config(cfg, on_gpu=False)
+    assert (tc.fp8, tc.fp8_recipe, tc.first_last_layers_bf16, tc.num_layers_at_start_in_bf16,
+            tc.num_layers_at_end_in_bf16) == ("hybrid", "tensorwise", True, 1, 1)
+
+
+def test_a_required_fusion_without_its_kernel_is_refused_at_compose_naming_the_package(monkeypatch):
+    text = refusals("gpt-125m", ["model.fusions_required=[masked_softmax_fusion,no_such_fusion]"])
+    assert "masked_softmax_fusion needs NVIDIA Apex" in text and "unknown fusion 'no_such_fusion'" in text
+    in_container = ["model.fusions_required=[masked_softmax_fusion]",
+                    "cluster.container_image='nvcr.io#nvidia/pytorch:25.09-py3'"]
+    load_recipe("gpt-125m", in_container)              # on the login node: the image decides
+    monkeypatch.setenv("IN_JOB_ENVIRONMENT", "1")      # in the job (sbatch.j2 sets it): this environment decides
+    assert "needs NVIDIA Apex" in refusals("gpt-125m", in_container)

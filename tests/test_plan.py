@@ -82,3 +82,26 @@ def test_make_plan_json_for_gpt_7b_is_fast_and_documented():
     text = subprocess.run([PY, "-m", "pretrain.plan", "gpt-7b"], cwd=REPO, capture_output=True, text=True,
                           check=True).stdout
     assert "memory per GPU" in text and "time to budget" in text
+
+
+def test_plain_plan_and_the_search_share_one_time_model():
+    """`make plan` times the recipe's own layout with the step-time model `SEARCH=1` ranks layouts with (not a
+    fixed MFU); where that model has no rates (MoE, an unlisted GPU) the assumed 40% is named as such."""
+    from pretrain.plan.search import search
+    cfg = load_recipe("gpt-7b")          # TP 2, SP, distributed optimizer, micro 1, no recompute
+    p = cfg.parallel
+    own = {"engine": ["megatron"], "tp": [2], "pp": [1], "vpp": [None], "cp": [1], "sp": [True], "dist_opt": [True],
+           "mbs": [cfg.batch.micro_batch_size], "recompute": [p.recompute_granularity]}
+    (ranked,) = search(cfg, allow=own)["results"]
+    plan = make_plan(cfg)
+    assert plan["mfu_source"] == "step-time model" and plan["mfu"] == pytest.approx(ranked.time["mfu"], rel=1e-9)
+    assert make_plan(load_recipe("mixtral-8x7b"))["mfu_source"] == "assumed"
+    assert make_plan(cfg, mfu=0.5)["mfu"] == 0.5
+
+
+def test_fp8_is_planned_at_fp8_gemm_rates_with_te_weight_copies():
+    base = load_recipe("llama-8b")
+    fp8 = load_recipe("llama-8b-fp8")
+    assert make_plan(fp8)["mfu"] > 1.2 * make_plan(base)["mfu"]          # GEMMs at 2x, casts charged
+    mem, mem8 = memory_per_gpu(base), memory_per_gpu(fp8)
+    assert mem8["weights"] == pytest.approx(2 * mem["weights"], rel=1e-6)    # + FP8 weight and its transpose

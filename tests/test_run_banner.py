@@ -8,7 +8,7 @@ import pytest
 
 from tests.training import LAYOUTS
 
-ROWS = ("engine", "layout", "parameters", "precision", "batch", "length", "data", "run dir")
+ROWS = ("engine", "layout", "parameters", "precision", "fusions", "batch", "length", "data", "run dir")
 
 
 def banners(log: str) -> list[dict]:
@@ -35,12 +35,15 @@ def test_megatron_layout_runs_describe_their_layout(layout_runs):
     assert by_dir["tp2"]["precision"] == "fp32 (precision.dtype)"
     assert by_dir["tp2"]["batch"] == "global 16 x 128 tokens; micro 4, 4 micro-batches per rank per step"
     assert by_dir["tp2"]["length"].startswith("20 steps, 41K tokens; lr 0.001 cosine to 0.0001, warmup 5 steps")
+    assert by_dir["tp2"]["length"].endswith("optimizer adamw (AdamW)")        # the kernel under the wrappers
+    assert by_dir["tp2"]["fusions"] == "none (CPU)"
 
 
 @pytest.mark.slow
 def test_deepspeed_runs_say_deepspeed_and_the_zero_stage(ds_runs):
     found = {b["run dir"].rsplit("/", 1)[-1]: b for b in banners((ds_runs["root"] / "launch.log").read_text())}
     assert found["zero0"]["engine"] == "DeepSpeed ZeRO-0 (parallel.engine=deepspeed)"
+    assert found["zero0"]["length"].endswith("optimizer adamw (AdamW)")    # torch's on CPU; FusedAdam on GPUs
     assert found["zero2-offload"]["engine"] == ("DeepSpeed ZeRO-2 (parallel.engine=deepspeed), optimizer offloaded "
                                                 "to CPU")
     assert found["zero3-offload-param"]["engine"] == ("DeepSpeed ZeRO-3 (parallel.engine=deepspeed), optimizer and "

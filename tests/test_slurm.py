@@ -53,6 +53,49 @@ def test_dry_run_renders_the_recipes_layout(recipe):
     assert f"--nproc_per_node={cfg.cluster.devices_per_node}" in torchrun
 
 
+SITE = ["cluster.account=proj", "cluster.container_image='nvcr.io#nvidia/pytorch:25.09-py3'",
+        "cluster.container_mounts=[/lustre:/lustre]", "cluster.srun_args=['--mpi=pmix']",
+        "cluster.setup=['module load cuda']", "+cluster.env.SITE_VAR=1", "cluster.nccl_debug=true",
+        "cluster.flight_recorder=true"]
+
+
+def site_scripts(tmp_path, recipe="gpt-7b", overrides=()):
+    """The training script and every preprocessing stage's script of a recipe on a site profile."""
+    from launch.preprocess import render_stage, stages_to_submit, with_cluster
+    from launch.slurm import render
+    from preprocessing.cli import load_config
+    from pretrain.config.compose import load_recipe
+    job = load_recipe(recipe, [*SITE, *overrides])
+    pre = with_cluster(load_config(job.data.preprocess), job.cluster)
+    stages = {stage: render_stage(pre, stage, tmp_path / "preprocess.yaml") for stage in stages_to_submit(pre)}
+    return job, render(job, tmp_path), stages
+
+
+def test_the_cluster_profile_reaches_every_job_and_step(tmp_path):
+    """Container (pyxis), srun arguments, account, setup and env reach the training job's steps and the nine
+    preprocessing jobs `make pretrain` submits for a missing blend; CPUs and threads follow the launcher."""
+    job, train, stages = site_scripts(tmp_path)
+    container = ("'--container-image=nvcr.io#nvidia/pytorch:25.09-py3' "
+                 f"--container-mounts={REPO}:{REPO},/lustre:/lustre --container-workdir={REPO} --mpi=pmix")
+    steps = [line for line in train.splitlines() if line.startswith("srun ")]
+    assert len(steps) == 3 and all(line.startswith(f"srun {container} ") for line in steps)   # health x2, train
+    assert "--ntasks-per-node=8 --cpus-per-task=16 python -m pretrain.train" in steps[2]
+    assert directives(train)["cpus-per-task"] == "16" and "export OMP_NUM_THREADS=16" in train
+    assert "module load cuda\n" in train and "export SITE_VAR=1" in train and "export NCCL_DEBUG=INFO" in train
+    assert "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in train and "export IN_JOB_ENVIRONMENT=1" in train
+    gb = float(re.search(r"--min-free-gb (\S+)", train).group(1))
+    assert gb == pytest.approx(14 * 6.66e9 * (job.checkpoint.keep_last + 1) / 1e9, rel=0.01)   # 14 B/param x 4
+    assert len(stages) == 9
+    for stage, text in stages.items():
+        assert directives(text)["account"] == '"proj"' and "module load cuda\n" in text, stage
+        assert f"exec srun {container} --ntasks=1 --nodes=1 python -m preprocessing.pipeline" in text, stage
+    for text in (train, *stages.values()):
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    _, torchrun, _ = site_scripts(tmp_path, overrides=["cluster.launcher=srun-torchrun"])
+    assert directives(torchrun)["cpus-per-task"] == "128" and "export OMP_NUM_THREADS=16" in torchrun
+    assert "--ntasks-per-node=1 --cpus-per-task=128 python -m torch.distributed.run" in torchrun
+
+
 @pytest.mark.slow
 def test_config_errors_stop_before_rendering():
     from common.config import ConfigError
@@ -182,6 +225,19 @@ def submitted(out: str) -> str:
 def train_losses(run_dir) -> dict:
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+
+
+@pytest.mark.slow
+def test_slurmctld_accepts_the_site_profiles_scripts(slurm, tmp_path):
+    """The container lines are srun options (pyxis' plugin is not installed here, so nothing runs them):
+    the local slurmctld takes every rendered script's directives (sbatch --test-only schedules, runs nothing)."""
+    _, train, stages = site_scripts(tmp_path, "gpt-tiny", [*CLUSTER, "cluster.account=''"])   # no accounting here
+    for name, text in {"train": train, **stages}.items():
+        script = tmp_path / f"{name}.sbatch"
+        script.write_text(text)
+        res = subprocess.run(["sbatch", "--test-only", "--partition=debug", str(script)], capture_output=True,
+                             text=True)
+        assert res.returncode == 0 and "to start at" in res.stderr, (name, res.stderr)
 
 
 @pytest.mark.slow

@@ -112,4 +112,14 @@ def config_diff(old: JobConfig | str, new: JobConfig | str) -> list[tuple[str, o
         return {k: v for k, v in _flat(OmegaConf.to_container(node, resolve=True)).items()
                 if not k.startswith("derived.")}
     a, b = plain(old), plain(new)
-    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+    # A field one side lacks is a field the other side's code added (or dropped) since: it differs only
+    # where its value is not the schema's default (an upgrade must not turn a run into "another run").
+    defaults = _flat(OmegaConf.to_container(OmegaConf.structured(JobConfig), resolve=False, throw_on_missing=False))
+    missing = object()
+
+    def differs(k: str) -> bool:
+        x, y = a.get(k, missing), b.get(k, missing)
+        if x is missing or y is missing:
+            return (y if x is missing else x) != defaults.get(k)
+        return x != y
+    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if differs(k)]

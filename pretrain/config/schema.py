@@ -14,6 +14,7 @@ from typing import Optional
 from omegaconf import MISSING
 
 from common.config import doc
+from common.slurm_values import JobStepConfig
 from preprocessing.config import TokenizerConfig
 
 from .data import FimConfig
@@ -56,6 +57,8 @@ class ModelConfig:
                                          "available.")
     layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every "
                                             "TP/PP layout starts equal.")
+    fusions_required: list[str] = doc(None, "Fusion flags this recipe insists on (model/fusions.py names them); "
+                                            "refused where their kernel is missing.", factory=list)
     init_on_cpu: bool = doc(False, "Draw the layout-invariant init on the host's generator: the same weights on CPU "
                                    "and GPU runs (CUDA's stream differs), at host speed.")
     transformer_impl: str = doc("auto", "Layer spec: 'local' (megatron-core modules), 'transformer_engine', or 'auto' "
@@ -77,6 +80,13 @@ class PrecisionConfig:
     grad_reduce_in_fp32: bool = doc(True, "Accumulate and all-reduce gradients in fp32 (4 bytes/param) under "
                                           "bf16/fp16.")
     attention_softmax_in_fp32: bool = doc(True, "Compute attention softmax in fp32 under bf16/fp16.")
+    fp8: Optional[str] = doc(None, "FP8 GEMMs through Transformer Engine on top of bf16: null (off), 'e4m3' (all FP8 "
+                                   "tensors e4m3) or 'hybrid' (e5m2 gradients).")
+    fp8_recipe: str = doc("tensorwise", "FP8 scaling: 'tensorwise' (current scaling), 'delayed' (amax history), "
+                                        "'blockwise' (128x128 blocks) or 'mxfp8' (Blackwell only).")
+    fp8_bf16_layers: int = doc(1, "Transformer layers kept in bf16 at each end of every pipeline stage's stack under "
+                                  "FP8 (0: all FP8; the delayed recipe needs 0).")
+    fp8_amax_history_len: int = doc(1024, "Amax history of the delayed recipe (its max is used).")
 
     @property
     def bf16(self) -> bool:
@@ -297,7 +307,7 @@ class ProfileConfig:
 
 
 @dataclass
-class ClusterConfig:
+class ClusterConfig(JobStepConfig):
     name: str = doc("local", "Cluster profile name (conf/cluster/<name>.yaml).")
     launcher: str = doc("local", "'local' (torchrun here), 'srun' (one task per GPU) or 'srun-torchrun' (one task per "
                                  "node).")
@@ -307,7 +317,8 @@ class ClusterConfig:
     partition: Optional[str] = doc(None, "SLURM partition.")
     account: Optional[str] = doc(None, "SLURM account.")
     qos: Optional[str] = doc(None, "SLURM QOS.")
-    cpus_per_task: Optional[int] = doc(None, "SLURM --cpus-per-task.")
+    cpus_per_task: Optional[int] = doc(None, "CPUs per rank (per GPU); srun-torchrun asks this x devices_per_node for "
+                                             "its one task per node. OMP_NUM_THREADS is this.")
     mem: Optional[str] = doc(None, "SLURM --mem (e.g. '0' for all).")
     time: str = doc("04:00:00", "SLURM time limit.")
     exclusive: bool = doc(True, "Ask for whole nodes.")
@@ -324,7 +335,11 @@ class ClusterConfig:
     chain_jobs: int = doc(0, "Also submit this many follow-up jobs, each --dependency=afterany on the one before "
                              "(resume).")
     health_check: bool = doc(True, "Before training, one task per node checks devices, an all-reduce and free disk.")
-    health_min_free_gb: float = doc(20.0, "Free space the health check needs in the checkpoint directory's filesystem.")
+    health_min_free_gb: Optional[float] = doc(None, "Free space the health check needs where checkpoints go; null: "
+                                                    "make plan's checkpoint size x (checkpoint.keep_last + 1).")
+    nccl_debug: bool = doc(False, "NCCL_DEBUG=INFO (init and collectives) in every rank's log.")
+    flight_recorder: bool = doc(False, "torch's NCCL flight recorder: each rank dumps its last collectives to "
+                                       "<run_dir>/nccl-trace/ when a collective times out.")
     bad_nodes_file: str = doc("runs/bad_nodes.txt", "Hosts that failed a health check; every later submission excludes "
                                                     "them.")
 

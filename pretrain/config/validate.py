@@ -16,6 +16,7 @@ from .data import document_mask_problems, fim_problems
 from .derive import batch_ramp, pipeline_stage_layers
 from .moe import moe_problems
 from .observability import downstream_problems, straggler_problems, tracker_problems
+from .precision import precision_problems
 from .schema import DTYPES, DeepSpeedConfig, JobConfig
 
 CHOICES = {
@@ -177,6 +178,7 @@ def validate(cfg: JobConfig) -> None:
             f"{max(stages)}.")
 
     moe_problems(cfg, world, add)
+    precision_problems(cfg, add)
     tracker_problems(cfg, add)
     straggler_problems(cfg, add)
     fim_problems(cfg, add)

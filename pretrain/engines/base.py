@@ -115,8 +115,12 @@ class Engine(ABC):
         """The class that does the update arithmetic (torch AdamW, FusedAdam, ...), under the engine's wrappers
         (mixed precision, distributed optimizer, ZeRO): which kernel a GPU run got is not visible elsewhere."""
         inner = getattr(self, "optimizer", None)
-        while hasattr(inner, "optimizer") or hasattr(inner, "chained_optimizers"):
-            inner = inner.chained_optimizers[0] if hasattr(inner, "chained_optimizers") else inner.optimizer
+        for _ in range(8):      # megatron-core's ChainedOptimizer asserts on .optimizer: look at its chain first
+            chain = getattr(inner, "chained_optimizers", None)
+            nested = chain[0] if chain else (None if chain is not None else getattr(inner, "optimizer", None))
+            if nested is None:
+                break
+            inner = nested
         return type(inner).__name__ if inner is not None else "?"
 
     def weights_finite(self) -> bool:

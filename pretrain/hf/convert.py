@@ -118,7 +118,7 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
     tmp = output.with_name(output.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(str(tmp))
-    tok.save(tmp)
+    tok.save(tmp, max_length=cfg.derived.max_position_embeddings)
     (tmp / "export.json").write_text(json.dumps({
         "checkpoint": str(ck.path), "step": ck.meta["step"], "recipe": ck.meta["recipe"],
         "engine": ck.meta["engine_state"]["engine"], "layout": ck.meta["engine_state"]["layout"],

@@ -7,7 +7,7 @@ AND of the device, the model shape that the fusion serves, and an import probe o
 module megatron-core 0.16.1 imports for it. Under torch.distributed the decisions are reduced
 with MIN over ranks (a node without Apex turns the fusion off everywhere: ranks running different
 kernels would drift apart). `model.fusions_required` names fusions a recipe insists on; compose
-refuses it where the kernel is missing (config/validate.py calls `missing_required`).
+refuses it where the kernel is missing (config/precision.py calls `missing_required`).
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def agree_over_ranks(flags: dict[str, bool]) -> dict[str, bool]:
 def missing_required(cfg, have: Optional[dict[str, bool]] = None) -> list[str]:
     """Compose-time problems for `model.fusions_required` whose kernel this machine lacks."""
     problems = []
-    wanted = list(getattr(cfg.model, "fusions_required", None) or [])
+    wanted = list(cfg.model.fusions_required)
     if not wanted:
         return problems
     have = kernels_present() if have is None else have
@@ -130,5 +130,6 @@ def missing_required(cfg, have: Optional[dict[str, bool]] = None) -> list[str]:
             problems.append(f"model.fusions_required: unknown fusion {flag!r}. Fix: one of {', '.join(BY_FLAG)}.")
         elif not have[flag]:
             problems.append(f"model.fusions_required: {flag} needs {BY_FLAG[flag].package}, which this machine "
-                            "lacks. Fix: install it (docs/gpu.md), or drop it from model.fusions_required.")
+                            "lacks. Fix: install it (docs/gpu.md) or use a container that has it "
+                            "(cluster.container_image), or drop it from model.fusions_required.")
     return problems

@@ -68,11 +68,24 @@ def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> Tran
         # at the first forward, so a flag set without it is a crash minutes into the job.
         **fusions.decide(cfg, on_gpu, te_spec=use_transformer_engine(cfg)),
     )
+    if pr.fp8:
+        kwargs.update(fp8_config(cfg))
     if not m.scaled_output_init:
         kwargs["output_layer_init_method"] = init_method_normal(m.init_method_std)
     if cfg.moe.enabled:
         kwargs.update(moe_config(cfg))
     return TransformerConfig(**kwargs)
+
+
+def fp8_config(cfg: JobConfig) -> dict:
+    """`precision.fp8*` as megatron-core TransformerConfig fields (Transformer Engine runs the FP8 GEMMs)."""
+    pr = cfg.precision
+    delayed = pr.fp8_recipe == "delayed"
+    return dict(fp8=pr.fp8, fp8_recipe=pr.fp8_recipe,
+                fp8_amax_history_len=pr.fp8_amax_history_len if delayed else 1,
+                fp8_amax_compute_algo="max" if delayed else "most_recent",
+                first_last_layers_bf16=pr.fp8_bf16_layers > 0,
+                num_layers_at_start_in_bf16=pr.fp8_bf16_layers, num_layers_at_end_in_bf16=pr.fp8_bf16_layers)
 
 
 def moe_config(cfg: JobConfig) -> dict:

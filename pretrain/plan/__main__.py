@@ -45,7 +45,8 @@ def render(plan: dict) -> str:
                         f"{moe['token_exchange_bytes_per_rank_per_step'] / 2**30:.2f} GiB exchanged per rank per step")
     if hours is not None:
         lines.append(f"  time to budget    {hours:,.1f} h ({hours / 24:,.1f} days) on {plan['gpus']} x "
-                     f"{plan['gpu_type']} at {plan['mfu']:.0%} MFU ({plan['peak_tflops_per_gpu']} TFLOP/s peak)")
+                     f"{plan['gpu_type']} at {plan['mfu']:.1%} MFU, {plan['mfu_source']} "
+                     f"({plan['peak_tflops_per_gpu']} TFLOP/s peak)")
     else:
         lines.append(f"  time to budget    n/a on {plan['gpu_type']} (no peak FLOP/s; set cluster.gpu_type)")
     return "\n".join(lines)
@@ -58,7 +59,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object (default $JSON)")
     parser.add_argument("--gpus", type=int, default=int(os.environ.get("GPUS") or 0) or None,
                         help="GPU count for the time estimate (default: the recipe's world size)")
-    parser.add_argument("--mfu", type=float, default=float(os.environ.get("MFU") or 0.4))
+    parser.add_argument("--mfu", type=float, default=float(os.environ["MFU"]) if os.environ.get("MFU") else None,
+                        help="MFU for the time estimate (default $MFU, else the step-time model's for this layout)")
     parser.add_argument("--search", action="store_true", help="rank every valid layout on GPUS devices (default "
                         "$SEARCH)")
     parser.add_argument("--top", type=int, default=int(os.environ.get("TOP") or 5), help="layouts to print")

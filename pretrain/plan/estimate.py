@@ -1,24 +1,48 @@
 """The plan of a recipe: what it costs before any GPU hour is spent."""
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
+from ..config.derive import derive
 from ..config.schema import JobConfig
 from ..model.inventory import count_params, flops_per_token
-from .hardware import peak_tflops
-from .memory import memory_per_gpu
+from .hardware import DEVICES, peak_tflops
+from .memory import memory_per_gpu, stage_param_bytes
 from .moe import moe_plan
+from .perf import rates, shape, step_time
 
 CHINCHILLA_TOKENS_PER_PARAM = 20   # Hoffmann et al. 2022, compute-optimal rule of thumb
 
 
-def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: float = 0.4) -> dict:
+ASSUMED_MFU = 0.4   # where the step-time model has no rates (GPU type not in DEVICES) or does not apply (MoE)
+
+
+def modelled_mfu(cfg: JobConfig) -> Optional[float]:
+    """The step-time model's MFU for the recipe's own layout (`make plan SEARCH=1` ranks layouts with the same
+    model), or None where it cannot say: a GPU type without attainable rates, or MoE layers (dense only)."""
+    if cfg.cluster.gpu_type not in DEVICES or cfg.moe.enabled:
+        return None
+    scratch = copy.deepcopy(cfg)
+    scratch.schedule.train_iters, scratch.schedule.train_tokens = 1, None   # no ramp walk: the full batch's step
+    derive(scratch)
+    return step_time(scratch, rates(scratch, fp8=bool(cfg.precision.fp8)), shape(scratch),
+                     stage_param_bytes(scratch))["mfu"]
+
+
+def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] = None) -> dict:
+    """`mfu`: None takes the step-time model's (else ASSUMED_MFU); a number overrides it (MFU=...)."""
     d = cfg.derived
     params = count_params(cfg)
     flops = flops_per_token(cfg, params)
     gpus = gpus or d.world_size
     half = cfg.precision.half
     peak = peak_tflops(cfg.cluster.gpu_type, half)
+    source = "given"
+    if mfu is None:
+        mfu = modelled_mfu(cfg) if peak else None
+        source = "step-time model" if mfu is not None else "assumed"
+        mfu = ASSUMED_MFU if mfu is None else mfu
     total_flops = flops["model"] * d.train_tokens
     seconds = total_flops / (gpus * peak * 1e12 * mfu) if peak else None
     mem = memory_per_gpu(cfg)
@@ -41,13 +65,14 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: float = 0.4) -> d
         "gpu_type": cfg.cluster.gpu_type,
         "peak_tflops_per_gpu": peak,
         "mfu": mfu,
+        "mfu_source": source,
         "total_flops": total_flops,
         "time_to_budget_hours": round(seconds / 3600, 2) if seconds else None,
         "layout": {"engine": p.engine, "tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
                    "cp": p.context_parallel_size, "dp": d.data_parallel_size, "sp": p.sequence_parallel,
                    "zero": cfg.deepspeed.zero_stage if p.engine == "deepspeed" else int(p.use_distributed_optimizer),
                    "recompute": p.recompute_granularity,
-                   "precision": cfg.precision.dtype,
+                   "precision": cfg.precision.dtype + (f"+fp8 {cfg.precision.fp8}" if cfg.precision.fp8 else ""),
                    "micro_batch": cfg.batch.micro_batch_size, "global_batch": cfg.batch.global_batch_size,
                    "num_microbatches": d.num_microbatches, "ep": p.expert_model_parallel_size},
     }

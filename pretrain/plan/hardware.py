@@ -25,6 +25,12 @@ PEAK_TFLOPS = {
 }
 
 
+# Tensor cores with FP8 (Transformer Engine's FP8 GEMMs): Hopper (sm_90), Ada (sm_89), Blackwell; MXFP8 (block
+# scales in hardware): Blackwell only (TE docs, "FP8 recipes"; megatron-core TransformerConfig.fp8_recipe).
+FP8_TYPES = frozenset({"H100-SXM", "H100-PCIe", "H200", "GH200", "B200", "L40S"})
+MXFP8_TYPES = frozenset({"B200"})
+
+
 def peak_tflops(gpu_type: str, half_precision: bool) -> Optional[float]:
     if gpu_type not in PEAK_TFLOPS:
         raise KeyError(f"cluster.gpu_type={gpu_type!r} is not in pretrain/plan/hardware.py "
@@ -88,7 +94,7 @@ ATTENTION_MATMULS = (2, 5)   # flash attention: QK^T, PV forward; backward recom
 #                              (FlashAttention-2, Dao 2023: backward = 2.5x forward FLOPs)
 FP8_GEMM_SPEEDUP = 2.0       # FP8 dense peak is 2x bf16 (H100 datasheet: 1,979 vs 989 TFLOP/s), same attainable
 #                              fraction; the casts (+ transposes for wgrad) are charged as HBM traffic in perf.py
-#                              (published FP8 cases only; recipes run bf16)
+#                              (published FP8 cases and recipes with precision.fp8)
 GEMM_TILE = (128, 256)       # output tile (tokens x features) of cuBLAS's large bf16 kernels, one per SM per wave:
 #                              wave quantization as in NVIDIA's "Matrix Multiplication Background" guide, sec. 3.2
 KERNEL_GAP_S = 1e-6          # idle GPU time per kernel launch in a stream of dependent kernels (~1 us: NVIDIA

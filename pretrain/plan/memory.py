@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
-from ..model.inventory import layer_kinds, stage_tensors
+from ..model.inventory import embedding_tensors, head_tensors, layer_kinds, layer_tensors, stage_tensors
 from ..optim.registry import OPTIMIZERS
 
 GIB = 1024**3
@@ -37,6 +37,15 @@ def optimizer_state_bytes(cfg: JobConfig, tensors, tp: int) -> float:
     master = 4 if cfg.precision.half else 0        # fp32 main params beside the 2-byte model params
     state_bytes = OPTIMIZERS.get(cfg.optim.name).state_bytes
     return sum(t.per_rank(tp) * master + state_bytes(t.per_rank_shape(tp)) for t in tensors)
+
+
+def checkpoint_bytes(cfg: JobConfig) -> float:
+    """One checkpoint on disk, all ranks together: every parameter once in the params' dtype plus the optimizer's
+    state (fp32 main params under bf16/fp16, Adam's two moments: 14 bytes/param for bf16 AdamW). A tied output
+    layer is stored once; RNG states, the data position and meta.json are negligible beside them."""
+    tensors = [*embedding_tensors(cfg), *head_tensors(cfg, tied_copy=False),
+               *(t for kind in layer_kinds(cfg) for t in layer_tensors(cfg, moe=kind))]    # as count_params
+    return sum(t.numel for t in tensors) * _bytes_per_element(cfg) + optimizer_state_bytes(cfg, tensors, 1)
 
 
 def activation_bytes_per_layer(cfg: JobConfig, granularity: str | None = "recipe", moe: bool = False) -> float:
@@ -133,6 +142,8 @@ def memory_per_gpu(cfg: JobConfig, cache: dict | None = None) -> dict:
     best = None
     for i, (n, state_bytes) in enumerate(stage_param_bytes(cfg, cache)):
         weights = n * e / (dp if zero >= 3 else 1)
+        if cfg.precision.fp8:    # Transformer Engine caches each GEMM weight in FP8 and its transpose: 2 bytes
+            weights += n * 2
         grads = n * grad_bytes / (dp if zero >= 2 else 1)
         optimizer = state_bytes / (dp if zero >= 1 else 1)
         if p.engine == "deepspeed" and cfg.deepspeed.offload_optimizer:

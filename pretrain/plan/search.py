@@ -158,7 +158,8 @@ def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, tp
     # derive() from walking a batch ramp over the whole token budget for every layout.
     scratch.schedule.train_iters, scratch.schedule.train_tokens = 1, None
     derive(scratch)
-    rate, sh = rates(scratch, fp8=fp8, tp_overlap=tp_overlap, p2p_overlap=p2p_overlap), shape(scratch)
+    rate = rates(scratch, fp8=fp8 or bool(base.precision.fp8), tp_overlap=tp_overlap, p2p_overlap=p2p_overlap)
+    sh = shape(scratch)
     cache: dict = {}
     counts = {"enumerated": 0, "valid": 0, "fit": 0}
     rejected: dict[str, int] = {}
