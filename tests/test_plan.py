@@ -105,3 +105,15 @@ def test_fp8_is_planned_at_fp8_gemm_rates_with_te_weight_copies():
     assert make_plan(fp8)["mfu"] > 1.2 * make_plan(base)["mfu"]          # GEMMs at 2x, casts charged
     mem, mem8 = memory_per_gpu(base), memory_per_gpu(fp8)
     assert mem8["weights"] == pytest.approx(2 * mem["weights"], rel=1e-6)    # + FP8 weight and its transpose
+
+
+def test_frozen_predictions_are_a_record_that_is_never_overwritten():
+    """pretrain/plan/frozen_predictions.json: the out-of-sample record (docs/planner.md); every setup of
+    frozen.SETUPS frozen once, at a named commit; --write refuses to replace it."""
+    from pretrain.plan import frozen
+    record = json.loads(frozen.FROZEN.read_text())
+    assert len(record["frozen_at_commit"]) == 40 and record["date"]
+    assert [p["id"] for p in record["predictions"]] == [s["id"] for s in frozen.SETUPS]
+    assert all(p["tokens_per_s_per_gpu"] > 0 and "TP=" in p["layout"] for p in record["predictions"])
+    before = frozen.FROZEN.read_bytes()
+    assert frozen.main(["--write"]) == 2 and frozen.FROZEN.read_bytes() == before

@@ -35,7 +35,9 @@ BASE = [f"schedule.train_iters={STEPS}", "batch.global_batch_size=16", "batch.mi
         "logging.tensorboard=false", "schedule.lr_warmup=5", "optim.lr=1e-3", "optim.min_lr=1e-4",
         "checkpoint.save_interval=0", "checkpoint.save_final=false"]
 LAYOUTS = {"tp2": ["parallel=tp2"], "tp2-sp": ["parallel=tp2-sp"], "pp2": ["parallel=pp2"],
-           "dp2-distopt": ["parallel=dist-opt"]}
+           "dp2-distopt": ["parallel=dist-opt"],
+           # the GPU recipes' data-parallel layouts: gradient reduce (and parameter gather) overlapped
+           "dp2-overlap": ["parallel=dp-overlap"], "dp2-distopt-overlap": ["parallel=dist-opt-overlap"]}
 SAVE_AT = 15            # one checkpoint per layout run (the next multiple is past STEPS)
 
 

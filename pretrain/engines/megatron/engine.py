@@ -261,6 +261,7 @@ class MegatronEngine(Engine):
         """Write model, optimizer and RNG into `directory`, then call `on_done` on every rank. With
         checkpoint.async_save the shards are written in the background while training goes on and
         `on_done` runs from `finalize_saves` once every rank's writer has finished."""
+        self._sync_params()
         if not self.cfg.checkpoint.async_save:
             checkpointing.save(self, directory)
             on_done()
@@ -270,6 +271,16 @@ class MegatronEngine(Engine):
         request = checkpointing.save(self, directory, async_save=True)
         request.add_finalize_fn(on_done)
         self._async_queue.schedule_async_request(request)
+
+    def _sync_params(self) -> None:
+        """With the distributed optimizer's parameter all-gather overlapped (parallel.overlap_param_gather), a
+        step's updated weights reach the model only in the next forward's pre-hooks: a save between the two
+        (every save: periodic, preemption, final) would store the weights from before the step. Gather them now,
+        synchronously, as Megatron-LM does before each save; the next forward finds the gather done."""
+        p = self.cfg.parallel
+        if p.use_distributed_optimizer and p.overlap_param_gather:
+            for chunk in self.model:
+                chunk.start_param_sync(force_sync=True)
 
     def finalize_saves(self, blocking: bool) -> None:
         """Commit background saves whose writers finished on every rank (all of them: blocking)."""
