@@ -6,6 +6,7 @@ final.json: a crash leaves the old file or none, and a `<name>.tmp` beside it.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -28,3 +29,26 @@ def write_atomic(path: Path | str, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def replace_dir(tmp: Path | str, out: Path | str, ours: str) -> None:
+    """Swap the finished directory `tmp` in at `out`. An existing `out` is replaced only when it is empty or
+    holds `ours` (the file this kind of output always writes: export.json, tokenizer.json), i.e. when we wrote
+    it; anything else is refused, naming it (OUTPUT=$HOME must never be wiped). The old directory is deleted
+    only after the new one is in place; a refused `tmp` is removed."""
+    tmp, out = Path(tmp), Path(out)
+    if not out.exists():
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+        return
+    if not out.is_dir() or (any(out.iterdir()) and not (out / ours).exists()):
+        shutil.rmtree(tmp)        # nothing of ours is left behind either
+        raise FileExistsError(f"{out} exists and was not written by this command (no {ours} in it): refusing to "
+                              "replace it. Fix: choose a new or an empty directory.")
+    old = out.with_name(out.name + ".replaced")
+    if old.exists():
+        shutil.rmtree(old)
+    os.replace(out, old)
+    os.replace(tmp, out)
+    fsync_dir(out.parent)
+    shutil.rmtree(old)

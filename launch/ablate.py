@@ -37,6 +37,7 @@ from common.config import ConfigError
 from common.files import write_atomic
 from common.paths import RECIPES_DIR, REPO_ROOT
 from pretrain.config.compose import finalize, load_recipe, to_yaml
+from pretrain.observability.report import read_jsonl
 from pretrain.stability.preemption import REQUEUE_EXIT
 
 
@@ -126,6 +127,9 @@ def summarize(sweep_dir: Path) -> str:
     for run in sorted(p for p in sweep_dir.iterdir() if (p / "config.yaml").exists()):
         final = json.loads((run / "final.json").read_text())["final"] if (run / "final.json").exists() else []
         losses = {r["kind"]: r["loss"] for r in final}
+        trained = [r for r in read_jsonl(run / "metrics.jsonl")[0] if r.get("kind") == "train"]
+        if trained:          # final.json holds the evaluations; the last logged train loss is in metrics.jsonl
+            losses["train"] = trained[-1]["loss"]
         rows.append(f"  {run.name:<48} train {losses.get('train', float('nan')):.4f}   "
                     f"valid {losses.get('valid', float('nan')):.4f}" + ("" if final else "   (not finished)"))
     runs = " ".join(shlex.quote(str(p)) for p in sorted(sweep_dir.iterdir()) if (p / "config.yaml").exists())

@@ -27,7 +27,7 @@ FIELDS_HINT = "check the key's spelling and type; preprocessing/config.py docume
 
 
 # A stage's epilogue: expected failures (bad config, bad input, missing files) as one clear message.
-cli_main = command(also=(BadInputError, FileNotFoundError, ValueError), prefix="error: ")
+cli_main = command(also=(BadInputError, FileExistsError, FileNotFoundError, ValueError), prefix="error: ")
 
 
 def import_modules(cfg: PreprocessConfig, source: str) -> PreprocessConfig:

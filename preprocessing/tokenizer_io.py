@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional
 
 from common.digest import file_digest
+from common.files import replace_dir
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 # Fill-in-the-middle sentinels (Megatron-LM / bigcode FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FIM_PAD): pretrain/data/fim.py
@@ -158,9 +158,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir
     result = HFTokenizer(tok, "hf", [out / "tokenizer.json"])
     result.save(tmp)
     tok.model.save(str(tmp))            # vocab.json + merges.txt (GPT-2 format)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    replace_dir(tmp, out, ours="tokenizer.json")
     return result
 
 

@@ -78,3 +78,31 @@ def test_pipeline_stage_cli_reports_bad_lines(tmp_path):
                           "input.max_bad_fraction=0.1", "dedup.workers=1"], cwd=REPO, capture_output=True, text=True)
     assert res.returncode != 0
     assert "unusable" in res.stderr and f"{path}:2" in res.stderr
+
+
+def test_outputs_never_replace_a_directory_they_did_not_write(tmp_path):
+    """`make export OUTPUT=...` and the tokenizer trainer swap their finished directory in with
+    common/files.replace_dir: a non-empty directory without their marker file (OUTPUT=$HOME, say) is refused
+    and left as it was; an empty one, or an earlier output of theirs, is replaced."""
+    from common.files import replace_dir
+
+    def finished(name):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        (tmp / "export.json").write_text("{}")
+        return tmp
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("years of work")
+    with pytest.raises(FileExistsError, match="no export.json in it"):
+        replace_dir(finished("a.tmp"), home, ours="export.json")
+    assert [p.name for p in home.iterdir()] == ["thesis.tex"]
+    earlier = tmp_path / "earlier"
+    replace_dir(finished("b.tmp"), earlier, ours="export.json")          # absent: renamed in
+    (earlier / "old-weights.bin").write_text("x")
+    replace_dir(finished("c.tmp"), earlier, ours="export.json")          # ours: replaced whole
+    assert sorted(p.name for p in earlier.iterdir()) == ["export.json"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    replace_dir(finished("d.tmp"), empty, ours="export.json")
+    assert (empty / "export.json").exists() and not list(tmp_path.glob("*.tmp")) + list(tmp_path.glob("*.replaced"))

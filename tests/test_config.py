@@ -138,3 +138,19 @@ def test_an_upgrade_that_adds_fields_does_not_make_a_run_another_run():
     assert [k for k, _, _ in config_diff(yaml.safe_dump(old), fp8)] == [
         "cluster.container_image", "cluster.gpu_type", "model.transformer_impl", "optim.lr", "precision.dtype",
         "precision.fp8"]
+
+
+@pytest.mark.parametrize("override, says", [
+    ("+optim.lrr=1e-4", "optim.lrr is not a field of the config. Did you mean optim.lr"),   # Hydra dropped it
+    ("optim.lrr=1e-4", "Did you mean optim.lr"),                       # Hydra's hint was "use +optim.lrr"
+    ("optim.lr=abc", "optim.lr expects float"),
+    ("precision.bf16=true", "precision.bf16 was replaced by precision.dtype=bf16")])
+def test_a_misspelt_added_or_ill_typed_key_fails_naming_the_fix(override, says):
+    with pytest.raises(ConfigError) as err:
+        load_recipe("gpt-tiny", [override])
+    assert says in str(err.value)
+
+
+def test_keys_below_a_dict_field_and_config_groups_pass():
+    cfg = load_recipe("gpt-tiny", ["+cluster.env.NCCL_DEBUG=INFO", "+experiment=short", "precision=bf16"])
+    assert cfg.cluster.env["NCCL_DEBUG"] == "INFO" and cfg.precision.dtype == "bf16"

@@ -7,6 +7,7 @@ Two ways in, one way through `finalize`:
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Optional
 
@@ -15,10 +16,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from common.config import compose_dir
-from common.paths import RECIPES_DIR
+from common.paths import RECIPES_DIR, REPO_ROOT
 from common.registry import import_modules
 
 from .derive import derive
+from .keys import key_problems, type_name
 from .schema import JobConfig
 from .validate import ConfigError, validate
 
@@ -50,10 +52,25 @@ def compose_recipe(recipe: str, overrides: Iterable[str] = ()) -> DictConfig:
     if not (RECIPES_DIR / f"{recipe}.yaml").is_file():
         raise ConfigError([f"no recipe {recipe!r} in {RECIPES_DIR}. Available: {', '.join(available_recipes())}"],
                           source="RECIPE")
+    overrides = list(overrides)
+    unknown = key_problems(overrides, groups=[p.name for p in (REPO_ROOT / "conf").iterdir() if p.is_dir()])
+    if unknown:
+        raise _renamed(ConfigError(unknown, source=f"recipes/{recipe}.yaml"))
     try:
         return compose_dir(RECIPES_DIR, recipe, overrides, source=f"recipes/{recipe}.yaml")
     except ConfigError as err:
-        raise _renamed(err) from None
+        raise _typed(_renamed(err)) from None
+
+
+def _typed(err: ConfigError) -> ConfigError:
+    """Hydra's "Error merging override optim.lr=abc" with the type the field expects."""
+    problems = []
+    for text in err.problems:
+        match = re.search(r"Error merging override ([^=\s]+)=(.*)", text)
+        kind = type_name(match.group(1).lstrip("+~")) if match else None
+        problems.append(text.replace(match.group(0), f"{match.group(0)}: {match.group(1)} expects {kind}", 1)
+                        if kind else text)
+    return ConfigError(problems, source=err.source)
 
 
 def finalize(cfg: DictConfig, recipe: Optional[str] = None) -> JobConfig:

@@ -26,6 +26,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from common.cli import command, overrides_from_env, recipe_from_env
+from common.files import replace_dir
 
 from ..checkpoint.meta import LoopState, checkpoint_meta
 from ..checkpoint.store import Checkpoint, CheckpointStore, resolve
@@ -123,9 +124,7 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
         "checkpoint": str(ck.path), "step": ck.meta["step"], "recipe": ck.meta["recipe"],
         "engine": ck.meta["engine_state"]["engine"], "layout": ck.meta["engine_state"]["layout"],
         "vocab_size": tok.vocab_size, "versions": ck.meta.get("versions", {})}, indent=1))
-    if output.exists():
-        shutil.rmtree(output)
-    tmp.rename(output)
+    replace_dir(tmp, output, ours="export.json")
     return output
 
 
@@ -157,7 +156,7 @@ def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
     return store.commit(0, meta)
 
 
-@command(also=(FileNotFoundError, ValueError))
+@command(also=(FileNotFoundError, FileExistsError, ValueError))
 def main() -> int:
     action = sys.argv[1] if len(sys.argv) > 1 else ""
     env = os.environ
