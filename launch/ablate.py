@@ -59,6 +59,12 @@ def launcher_overrides(job, sweep_dir: Path) -> List[str]:
     c = job.cluster
     if c.launcher == "local":
         return ["hydra/launcher=basic"]
+    step = [name for name in ("container_image", "srun_args", "command_prefix") if getattr(c, name)]
+    if step:    # silently running the sweep outside the site's container would be worse than refusing
+        raise ConfigError([f"cluster.{', cluster.'.join(step)}: make ablate on SLURM goes through "
+                           "hydra-submitit-launcher 1.2.0, whose srun step takes no extra arguments or prefix. Fix: "
+                           "submit each combination with make pretrain (same OVERRIDES plus the swept values), or "
+                           "drop them for the sweep."], source="make ablate")
     setup = list(c.setup) + [f"export {k}={shlex.quote(str(v))}" for k, v in c.env.items()]
     settings = {"nodes": c.nodes, "tasks_per_node": c.devices_per_node, "timeout_min": minutes(c.time),
                 "signal_delay_s": c.signal_lead_s, "name": job.name, "submitit_folder": f"{sweep_dir}/.submitit/%j",

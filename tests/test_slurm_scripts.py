@@ -1,0 +1,182 @@
+"""SLURM scripts rendered without a cluster: multi-node recipes' layouts, the site profile (container,
+srun arguments, account, setup, env) in every job and step, DRY_RUN and LAUNCHER handling of
+`make pretrain` and `make preprocess`. The jobs themselves run in tests/test_slurm.py."""
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+CLUSTER = ["cluster=slurm-cpu", "cluster.partition=debug", "cluster.time=00:20:00"]
+
+
+def make_pretrain(recipe, overrides, **env):
+    res = subprocess.run(["make", "-s", "pretrain", f"RECIPE={recipe}", f"OVERRIDES={overrides}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, **env))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def directives(script: str) -> dict:
+    return dict(re.findall(r"^#SBATCH --([a-z-]+)=?(.*)$", script, flags=re.M))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["gpt-7b", "llama-70b", "mixtral-8x7b"])
+def test_dry_run_renders_the_recipes_layout(recipe):
+    from pretrain.config.compose import load_recipe
+    cfg = load_recipe(recipe)
+    out = make_pretrain(recipe, "", DRY_RUN="1")
+    script = out[out.rindex("#!/bin/bash"):]   # a missing blend prints the preprocessing scripts first
+    d = directives(script)
+    p = cfg.parallel
+    model_parallel = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
+    assert int(d["nodes"]) == cfg.cluster.nodes > 1
+    assert int(d["ntasks-per-node"]) == int(d["gpus-per-node"]) == cfg.cluster.devices_per_node
+    assert int(d["nodes"]) * int(d["ntasks-per-node"]) == cfg.derived.world_size \
+        == model_parallel * cfg.derived.data_parallel_size
+    assert f"name: {recipe}" in out and "derived:" in out                         # the resolved config too
+    assert not (REPO / "runs" / recipe / "launch.sbatch").exists()               # nothing written
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)           # valid shell
+    torchrun = make_pretrain(recipe, "cluster.launcher=srun-torchrun", DRY_RUN="1")
+    assert "#SBATCH --ntasks-per-node=1\n" in torchrun
+    assert f"--nproc_per_node={cfg.cluster.devices_per_node}" in torchrun
+
+
+SITE = ["cluster.account=proj", "cluster.container_image='nvcr.io#nvidia/pytorch:25.09-py3'",
+        "cluster.container_mounts=[/lustre:/lustre]", "cluster.srun_args=['--mpi=pmix']",
+        "cluster.setup=['module load cuda']", "+cluster.env.SITE_VAR=1", "cluster.nccl_debug=true",
+        "cluster.flight_recorder=true"]
+
+
+def site_scripts(tmp_path, recipe="gpt-7b", overrides=()):
+    """The training script and every preprocessing stage's script of a recipe on a site profile."""
+    from launch.preprocess import render_stage, stages_to_submit, with_cluster
+    from launch.slurm import render
+    from preprocessing.cli import load_config
+    from pretrain.config.compose import load_recipe
+    job = load_recipe(recipe, [*SITE, *overrides])
+    pre = with_cluster(load_config(job.data.preprocess), job.cluster)
+    stages = {stage: render_stage(pre, stage, tmp_path / "preprocess.yaml") for stage in stages_to_submit(pre)}
+    return job, render(job, tmp_path), stages
+
+
+def test_the_cluster_profile_reaches_every_job_and_step(tmp_path):
+    """Container (pyxis), srun arguments, account, setup and env reach the training job's steps and the nine
+    preprocessing jobs `make pretrain` submits for a missing blend; CPUs and threads follow the launcher."""
+    job, train, stages = site_scripts(tmp_path)
+    container = ("'--container-image=nvcr.io#nvidia/pytorch:25.09-py3' "
+                 f"--container-mounts={REPO}:{REPO},/lustre:/lustre --container-workdir={REPO} --mpi=pmix")
+    steps = [line for line in train.splitlines() if line.startswith("srun ")]
+    assert len(steps) == 3 and all(line.startswith(f"srun {container} ") for line in steps)   # health x2, train
+    assert "--ntasks-per-node=8 --cpus-per-task=16 python -m pretrain.train" in steps[2]
+    assert directives(train)["cpus-per-task"] == "16" and "export OMP_NUM_THREADS=16" in train
+    assert "module load cuda\n" in train and "export SITE_VAR=1" in train and "export NCCL_DEBUG=INFO" in train
+    assert "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in train and "export IN_JOB_ENVIRONMENT=1" in train
+    gb = float(re.search(r"--min-free-gb (\S+)", train).group(1))
+    assert gb == pytest.approx(14 * 6.66e9 * (job.checkpoint.keep_last + 1) / 1e9, rel=0.01)   # 14 B/param x 4
+    assert len(stages) == 9
+    for stage, text in stages.items():
+        assert directives(text)["account"] == '"proj"' and "module load cuda\n" in text, stage
+        assert f"exec srun {container} --ntasks=1 --nodes=1 python -m preprocessing.pipeline" in text, stage
+    for text in (train, *stages.values()):
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    _, torchrun, _ = site_scripts(tmp_path, overrides=["cluster.launcher=srun-torchrun"])
+    assert directives(torchrun)["cpus-per-task"] == "128" and "export OMP_NUM_THREADS=16" in torchrun
+    assert "--ntasks-per-node=1 --cpus-per-task=128 python -m torch.distributed.run" in torchrun
+
+
+@pytest.mark.slow
+def test_config_errors_stop_before_rendering():
+    from common.config import ConfigError
+    from pretrain.config.compose import load_recipe
+    from pretrain.config.validate import validate
+    res = subprocess.run(["make", "-s", "pretrain", "RECIPE=gpt-7b", "DRY_RUN=1",
+                          "OVERRIDES=cluster.partition='gpu\"x'"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert res.returncode != 0 and "#!/bin/bash" not in res.stdout and "cluster.partition='gpu\"x'" in res.stderr
+    cfg = load_recipe("gpt-7b")
+    cfg.cluster.env["A=$(x)"] = "1"          # a YAML file can spell such a key; an override cannot
+    with pytest.raises(ConfigError, match=r"cluster.env key 'A=\$\(x\)' is not a shell variable name"):
+        validate(cfg)
+
+
+def test_a_slurm_profile_runs_here_where_there_is_no_slurm(monkeypatch, tmp_path, capsys):
+    from launch.__main__ import runs_here
+    from pretrain.config.compose import load_recipe
+    monkeypatch.setenv("PATH", str(tmp_path))                     # no sbatch on this PATH
+    assert runs_here(load_recipe("gpt-tiny", CLUSTER)) is True       # one node: torchrun here, said loudly
+    assert "no sbatch on this machine: running here with torchrun (2 processes)" in capsys.readouterr().out
+    assert runs_here(load_recipe("gpt-7b"), dry_run=True) is False   # DRY_RUN still renders the sbatch script
+    with pytest.raises(RuntimeError, match="needs 2 nodes but this machine has no SLURM"):
+        runs_here(load_recipe("gpt-7b"))
+
+
+FAKE_SBATCH = """#!/bin/bash
+# stands in for sbatch: records each submission, answers with a job id as `sbatch --parsable` does
+n=$(( 100 + $(cat "$SBATCH_LOG" 2>/dev/null | wc -l) ))
+echo "$*" >> "$SBATCH_LOG"
+echo "$n"
+"""
+
+
+@pytest.mark.parametrize("flag", ["", "0", "false", "No", "1", "true", "yes"])
+def test_make_preprocess_dry_run_is_one_flag_and_false_submits_for_real(flag, tmp_path, monkeypatch, capsys):
+    from common.cli import env_flag
+    from launch.preprocess import main
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sbatch").write_text(FAKE_SBATCH)
+    (tmp_path / "bin" / "sbatch").chmod(0o755)
+    log, work = tmp_path / "sbatch.log", tmp_path / "work"
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    for key, value in dict(SBATCH_LOG=str(log), LAUNCHER="slurm", DRY_RUN=flag, PREPROCESS_CONFIG="demo",
+                           OVERRIDES=f"work_dir={work} dedup.shards=3 slurm.partition=cpu").items():
+        monkeypatch.setenv(key, value)
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    if env_flag("DRY_RUN"):                 # 1, true, yes: the scripts are printed, nothing is written or submitted
+        assert flag in ("1", "true", "yes")
+        assert "#SBATCH --array=0-2" in out and '#SBATCH --partition="cpu"' in out
+        assert not log.exists() and not work.exists()
+        return
+    assert flag in ("", "0", "false", "No")
+    submissions = log.read_text().splitlines()
+    stages = ("prepare", "signatures", "buckets", "verify", "clusters", "write", "filter", "tokenize", "merge")
+    assert [Path(s.split()[-1]).name for s in submissions] == [f"{s}.sbatch" for s in stages]
+    assert submissions[0] == f"--parsable {work / 'slurm' / 'prepare.sbatch'}"
+    assert all(s.startswith(f"--parsable --dependency=afterok:{100 + i} --kill-on-invalid-dep=yes ")
+               for i, s in enumerate(submissions[1:]))
+    assert f"JOB_IDS={','.join(str(100 + i) for i in range(len(stages)))}" in out
+    assert "#SBATCH --array=0-2" in (work / "slurm" / "signatures.sbatch").read_text()
+    assert "dedup:\n  enabled: true" in (work / "slurm" / "preprocess.yaml").read_text()
+
+
+def test_make_preprocess_local_dry_run_lists_the_stages_and_bad_values_stop_it(tmp_path, monkeypatch, capsys):
+    from launch.preprocess import main
+    monkeypatch.delenv("LAUNCHER", raising=False)
+    monkeypatch.setenv("DRY_RUN", "1")
+    assert main(["--config", "demo", f"work_dir={tmp_path}/work", "dedup.enabled=false", "tokenize.shards=2"]) == 0
+    out = capsys.readouterr().out
+    assert "#   prepare\n#   filter\n#   tokenize (2 shards, one after another)\n#   merge" in out
+    assert not (tmp_path / "work").exists()
+    monkeypatch.setenv("LAUNCHER", "slurm")
+    assert main(["--config", "demo", 'slurm.partition="a\\"b"', "tokenize.shards=0"]) == 2
+    err = capsys.readouterr().err
+    assert "tokenize.shards=0 must be >= 1" in err and "slurm.partition=" in err and "#!/bin/bash" not in err
+    monkeypatch.setenv("LAUNCHER", "kubernetes")
+    assert main(["--config", "demo"]) == 2 and "LAUNCHER='kubernetes' is not one of" in capsys.readouterr().err
+
+
+def test_ablate_refuses_a_site_profile_its_launcher_cannot_carry(tmp_path):
+    """hydra-submitit-launcher's srun step takes no container or srun arguments: the sweep is refused before
+    anything is submitted rather than run outside the site's container."""
+    from common.config import ConfigError
+    from launch.ablate import launcher_overrides
+    from pretrain.config.compose import load_recipe
+    job = load_recipe("gpt-tiny", [*CLUSTER, "cluster.container_image=img", "cluster.srun_args=['--mpi=pmix']"])
+    with pytest.raises(ConfigError, match="cluster.container_image, cluster.srun_args: make ablate on SLURM"):
+        launcher_overrides(job, tmp_path)
+    assert "hydra/launcher=submitit_slurm" in launcher_overrides(load_recipe("gpt-tiny", CLUSTER), tmp_path)
