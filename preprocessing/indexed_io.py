@@ -10,10 +10,11 @@ torch), more than tokenizing a small file; tests/test_tokenize.py checks our byt
 """
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -56,6 +57,48 @@ def read_index(path: Path | str) -> Tuple[np.dtype, np.ndarray, np.ndarray]:
     lengths = np.frombuffer(data, dtype="<i4", count=sequences, offset=head)
     docs = np.frombuffer(data, dtype="<i8", count=documents, offset=head + 12 * sequences)
     return dtype, lengths, docs
+
+
+def pair_problem(prefix: Path | str) -> Optional[str]:
+    """Why `prefix`.idx does not describe `prefix`.bin, or None. A crash between the two renames of a rewrite
+    leaves a new .bin beside an old .idx (or the reverse), which megatron-core would read without a word: the
+    tokens of one write cut by the sequence lengths of another. Reads the header and the lengths only."""
+    idx, bin_ = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+    missing = [str(p) for p in (idx, bin_) if not p.exists()]
+    if missing:
+        return f"{' and '.join(missing)} missing"
+    head = len(HEADER) + struct.calcsize("<QBQQ")
+    with open(idx, "rb") as f:
+        header = f.read(head)
+    if header[:len(HEADER)] != HEADER or len(header) < head:
+        return f"{idx}: not an indexed dataset index (bad header)"
+    _, code, sequences, _ = struct.unpack("<QBQQ", header[len(HEADER):])
+    dtype = next((t for t, c in DTYPE_CODES.items() if c == code), None)
+    if dtype is None or idx.stat().st_size < head + 4 * sequences:
+        return f"{idx}: damaged index (dtype code {code}, {sequences} sequences, {idx.stat().st_size} bytes)"
+    lengths = np.memmap(idx, dtype="<i4", mode="r", offset=head, shape=(sequences,)) if sequences else np.zeros(0)
+    expected = int(np.asarray(lengths).sum(dtype=np.int64)) * dtype.itemsize
+    if bin_.stat().st_size != expected:
+        return (f"{bin_} holds {bin_.stat().st_size:,} bytes, but {idx} describes {expected:,} ({sequences:,} "
+                f"sequences of {dtype.name}): the two files come from different writes. Fix: run the stage that "
+                "wrote them again (make preprocess; its markers redo what is damaged).")
+    return None
+
+
+def publish_pair(tmp: Path | str, prefix: Path | str) -> None:
+    """Move a finished `tmp`.bin/.idx into place at `prefix`: both made durable first, the .bin renamed before
+    the .idx and the directory synced. Two renames cannot be one; a crash between them leaves a pair that
+    `pair_problem` (and the training loader) refuses, never one that reads wrongly."""
+    for ext in ("bin", "idx"):
+        with open(f"{tmp}.{ext}", "rb+") as f:
+            os.fsync(f.fileno())
+    os.replace(f"{tmp}.bin", f"{prefix}.bin")
+    os.replace(f"{tmp}.idx", f"{prefix}.idx")
+    fd = os.open(Path(f"{prefix}.idx").parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def concatenate(parts: Sequence[Path | str], prefix: Path | str) -> Tuple[np.dtype, int, int]:

@@ -38,10 +38,11 @@ import numpy as np
 from tqdm import tqdm
 
 from common.digest import file_digest
+from common.files import write_atomic
 
 from .cli import cli_main, stage_args
 from .config import InputConfig, TokenizeConfig
-from .indexed_io import concatenate, optimal_dtype, write_index
+from .indexed_io import concatenate, optimal_dtype, publish_pair, write_index
 from .markers import Marker, fingerprint, print_summary
 from .records import BadInput, Piece, byte_shard, cut, plain_jsonl, read_documents, read_jsonl_range
 from .tokenizer_io import describe, load_tokenizer, one_thread
@@ -210,14 +211,13 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
                    for p in inp.paths if Path(p).is_file()]
     bad.check(inp.max_bad_fraction, f"tokenize input {inp.paths}")
     write_index(f"{tmp}.idx", dtype, lengths)
-    os.replace(f"{tmp}.bin", f"{prefix}.bin")
-    os.replace(f"{tmp}.idx", f"{prefix}.idx")
+    publish_pair(tmp, prefix)
     docs, tokens = len(lengths), int(lengths.sum(dtype=np.int64))
     summary = {"documents": docs, "tokens": tokens, "dtype": dtype.name,
                "tokens_per_document": round(tokens / max(1, docs), 1)}
     sidecar = {"prefix": str(prefix), **summary, "shard": shard, "append_eod": cfg.append_eod,
                "tokenizer": describe(tokenizer), "sources": sources, "skipped": bad.as_dict()}
-    Path(f"{prefix}.json").write_text(json.dumps(sidecar, indent=1))
+    write_atomic(f"{prefix}.json", json.dumps(sidecar, indent=1))
     print_summary(f"tokenize -> {prefix}.bin/.idx" + (f" (shard {shard[0]} of {shard[1]})" if shard else ""),
                   summary, dict(bad.counts))
     marker.mark(summary, outputs=[f"{prefix}.{ext}" for ext in ("bin", "idx", "json")])
@@ -240,12 +240,11 @@ def merge_indexed(parts: List[Path], prefix: str | Path) -> dict:
         return done
     tmp = prefix.with_name(prefix.name + ".tmp")
     dtype, _, _ = concatenate(parts, tmp)
-    os.replace(f"{tmp}.bin", f"{prefix}.bin")
-    os.replace(f"{tmp}.idx", f"{prefix}.idx")
+    publish_pair(tmp, prefix)
     docs, tokens = sum(s["documents"] for s in sidecars), sum(s["tokens"] for s in sidecars)
     summary = {"documents": docs, "tokens": tokens, "dtype": dtype.name,
                "tokens_per_document": round(tokens / max(1, docs), 1)}
-    Path(f"{prefix}.json").write_text(json.dumps({"prefix": str(prefix), **summary, "parts": sidecars}, indent=1))
+    write_atomic(f"{prefix}.json", json.dumps({"prefix": str(prefix), **summary, "parts": sidecars}, indent=1))
     marker.mark(summary, outputs=[f"{prefix}.{ext}" for ext in ("bin", "idx", "json")])
     return summary
 

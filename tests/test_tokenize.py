@@ -188,3 +188,36 @@ def test_data_preprocessed_again_into_the_same_prefixes_gets_new_dataset_caches(
     assert len(again) == len(fresh)
     for i in range(len(fresh)):
         assert again[i]["tokens"].tolist() == fresh[i]["tokens"].tolist(), i
+
+
+def test_a_pair_from_two_writes_is_refused_by_the_loader_naming_the_files(tmp_path):
+    """A rewrite renames .bin, then .idx (preprocessing/indexed_io.publish_pair): a crash between them leaves
+    the new .bin beside the old .idx. megatron-core would read it (tokens of one write cut by the lengths of the
+    other); the pair check refuses it, and so does the training loader before it maps anything."""
+    from preprocessing.blend import write_blend
+    from preprocessing.indexed_io import pair_problem
+    from preprocessing.tokenizer_io import train_bpe
+    from pretrain.config.compose import load_recipe
+    from pretrain.data.datasets import build_datasets
+    words = [f"w{i}" for i in range(200)]
+    tok = train_bpe([" ".join(words)] * 4, 400, 1, tmp_path / "tok")
+    out = tmp_path / "out"
+    blend = write_blend(out / "blend.json", {s: [(1.0, f"{s}_text_document")] for s in ("train", "valid", "test")},
+                        tokenizer={"vocab_size": tok.vocab_size, "eod": tok.eod})
+    for name, docs in (("old", [" ".join(words)] * 40), ("new", [" ".join(words[:30])] * 6)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        for split in ("train", "valid", "test"):
+            tokenize_to_indexed(InputConfig(paths=[str(tmp_path / f"{name}.jsonl")]), tok,
+                                tmp_path / name / f"{split}_text_document", TokenizeConfig(workers=1))
+    for split in ("train", "valid", "test"):
+        for ext in ("bin", "idx"):
+            (out / f"{split}_text_document.{ext}").write_bytes((tmp_path / "old" / f"{split}_text_document.{ext}")
+                                                                .read_bytes())
+    assert pair_problem(out / "train_text_document") is None
+    (out / "train_text_document.bin").write_bytes((tmp_path / "new" / "train_text_document.bin").read_bytes())
+    problem = pair_problem(out / "train_text_document")           # the crash: new .bin, old .idx
+    assert f"{out / 'train_text_document.bin'} holds" in problem and "different writes" in problem
+    with pytest.raises(ValueError, match="train_text_document.bin holds .* different writes"):
+        build_datasets(load_recipe("gpt-tiny", [f"data.blend={blend}", "model.seq_length=16"]), 8, 8, 8)
+    (out / "valid_text_document.idx").unlink()
+    assert pair_problem(out / "valid_text_document") == f"{out / 'valid_text_document.idx'} missing"

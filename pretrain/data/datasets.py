@@ -23,6 +23,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
 from preprocessing.blend import read_blend
+from preprocessing.indexed_io import pair_problem
 
 from ..config.derive import batch_ramp
 from ..config.schema import JobConfig
@@ -71,8 +72,12 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
         if info.get("vocab_size", 0) > cfg.model.vocab_size:
             raise ValueError(f"{blend_path}: tokenizer vocab {info['vocab_size']} exceeds model.vocab_size="
                              f"{cfg.model.vocab_size}. Fix: raise model.vocab_size or use the recipe's data option.")
+        prefixes = [p for split in blend_per_split if split for p in split[0]]
+        broken = [problem for problem in map(pair_problem, sorted(set(prefixes))) if problem]
+        if broken:          # before megatron-core maps them: it would read a mismatched pair without a word
+            raise ValueError(f"{blend_path} names indexed datasets that cannot be read: " + "; ".join(broken))
         tok = DatasetTokenizer(info.get("vocab_size", cfg.model.vocab_size), int(info.get("eod", 0)),
-                               data=data_version([p for split in blend_per_split if split for p in split[0]]))
+                               data=data_version(prefixes))
         cache = cfg.data.cache_dir or str(blend_path.parent / "cache")
 
     docs = cfg.data.document_mask           # per-document attention and positions (pretrain/packing.py)
