@@ -62,7 +62,7 @@ def read_index(path: Path | str) -> Tuple[np.dtype, np.ndarray, np.ndarray]:
 def pair_problem(prefix: Path | str) -> Optional[str]:
     """Why `prefix`.idx does not describe `prefix`.bin, or None. A crash between the two renames of a rewrite
     leaves a new .bin beside an old .idx (or the reverse), which megatron-core would read without a word: the
-    tokens of one write cut by the sequence lengths of another. Reads the header and the lengths only."""
+    tokens of one write cut by the sequence lengths of another. Reads the header and the last sequence's entry."""
     idx, bin_ = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
     missing = [str(p) for p in (idx, bin_) if not p.exists()]
     if missing:
@@ -74,10 +74,16 @@ def pair_problem(prefix: Path | str) -> Optional[str]:
         return f"{idx}: not an indexed dataset index (bad header)"
     _, code, sequences, _ = struct.unpack("<QBQQ", header[len(HEADER):])
     dtype = next((t for t, c in DTYPE_CODES.items() if c == code), None)
-    if dtype is None or idx.stat().st_size < head + 4 * sequences:
+    if dtype is None or idx.stat().st_size < head + 12 * sequences:
         return f"{idx}: damaged index (dtype code {code}, {sequences} sequences, {idx.stat().st_size} bytes)"
-    lengths = np.memmap(idx, dtype="<i4", mode="r", offset=head, shape=(sequences,)) if sequences else np.zeros(0)
-    expected = int(np.asarray(lengths).sum(dtype=np.int64)) * dtype.itemsize
+    expected = 0
+    if sequences:        # the last sequence's pointer + its length: O(1) reads, whatever the index's size
+        with open(idx, "rb") as f:
+            f.seek(head + 4 * (sequences - 1))
+            (last_length,) = struct.unpack("<i", f.read(4))
+            f.seek(head + 4 * sequences + 8 * (sequences - 1))
+            (last_pointer,) = struct.unpack("<q", f.read(8))
+        expected = last_pointer + last_length * dtype.itemsize
     if bin_.stat().st_size != expected:
         return (f"{bin_} holds {bin_.stat().st_size:,} bytes, but {idx} describes {expected:,} ({sequences:,} "
                 f"sequences of {dtype.name}): the two files come from different writes. Fix: run the stage that "
