@@ -106,3 +106,19 @@ def test_outputs_never_replace_a_directory_they_did_not_write(tmp_path):
     empty.mkdir()
     replace_dir(finished("d.tmp"), empty, ours="export.json")
     assert (empty / "export.json").exists() and not list(tmp_path.glob("*.tmp")) + list(tmp_path.glob("*.replaced"))
+
+
+def test_a_missing_run_is_called_missing_with_a_fix_the_command_takes(tmp_path):
+    """make export / eval / ckpt-info take RUN= or CKPT=: their refusal names that, and says a path that does
+    not exist does not exist (not "no intact checkpoint", not "point checkpoint.load at ...")."""
+    from pretrain.checkpoint.store import resolve
+    from pretrain.observability.report import summarize
+    with pytest.raises(FileNotFoundError) as err:
+        resolve(tmp_path / "nope" / "checkpoints")
+    assert str(err.value) == (f"{tmp_path / 'nope' / 'checkpoints'} does not exist. Fix: RUN=<a run directory> or "
+                              "CKPT=<a checkpoint directory> of a run that saved one.")
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"no intact checkpoint under (.|\n)*Fix: RUN=<a run directory>"):
+        resolve(tmp_path / "empty" / "checkpoints")
+    with pytest.raises(FileNotFoundError, match="nope does not exist. Fix: RUN="):
+        summarize(tmp_path / "nope")

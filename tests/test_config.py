@@ -154,3 +154,10 @@ def test_a_misspelt_added_or_ill_typed_key_fails_naming_the_fix(override, says):
 def test_keys_below_a_dict_field_and_config_groups_pass():
     cfg = load_recipe("gpt-tiny", ["+cluster.env.NCCL_DEBUG=INFO", "+experiment=short", "precision=bf16"])
     assert cfg.cluster.env["NCCL_DEBUG"] == "INFO" and cfg.precision.dtype == "bf16"
+
+
+def test_a_warmup_covering_the_whole_run_is_warned_about(capsys):
+    load_recipe("gpt-tiny", ["schedule.train_iters=10"])            # lr_warmup 20 steps
+    assert "schedule.lr_warmup=20 steps covers the whole run (10 steps)" in capsys.readouterr().err
+    load_recipe("gpt-tiny", ["schedule.train_iters=40"])
+    assert "covers the whole run" not in capsys.readouterr().err

@@ -254,10 +254,12 @@ def agreed_load(path: Path | str, checksums: bool = True, digests: bool = True) 
     return decision
 
 
-def _nothing_intact(path: Path, decision: Decision) -> str:
+def _nothing_intact(path: Path, decision: Decision,
+                    fix: str = "point checkpoint.load at a checkpoint directory written by a run") -> str:
+    if not path.exists():
+        return f"{path} does not exist. Fix: {fix}."
     skipped = "".join(f"\n  skipped {p}: {why}" for p, why in decision.skipped)
-    return (f"no intact checkpoint under {path} (looked for step_*/meta.json){skipped}\n"
-            "Fix: point checkpoint.load at a checkpoint directory written by a run.")
+    return f"no intact checkpoint under {path} (looked for step_*/meta.json){skipped}\nFix: {fix}."
 
 
 def resolve(path: Path | str) -> Checkpoint:
@@ -265,7 +267,8 @@ def resolve(path: Path | str) -> Checkpoint:
     path = Path(path)
     if (path / "meta.json").exists():
         return Checkpoint(path, read_meta(path))
-    found = CheckpointStore(path).find_resumable()
-    if found is None:
-        raise FileNotFoundError(_nothing_intact(path, Decision(None, [])))
+    found = CheckpointStore(path).find_resumable() if path.exists() else None
+    if found is None:       # the offline commands (export, eval, ckpt-info) take the path as RUN= or CKPT=
+        raise FileNotFoundError(_nothing_intact(path, Decision(None, []), fix="RUN=<a run directory> or "
+                                                "CKPT=<a checkpoint directory> of a run that saved one"))
     return found

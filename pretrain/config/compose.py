@@ -7,7 +7,9 @@ Two ways in, one way through `finalize`:
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Iterable
 from typing import Optional
 
@@ -95,7 +97,21 @@ def finalize(cfg: DictConfig, recipe: Optional[str] = None) -> JobConfig:
         validate(job)
     except ConfigError as err:
         raise ConfigError(err.problems, source=source) from None
-    return derive(job)
+    job = derive(job)
+    warn_whole_run_warmup(job, source)
+    return job
+
+
+def warn_whole_run_warmup(job: JobConfig, source: str) -> None:
+    """A warmup as long as the run (a short sweep of a recipe's LR, say) never reaches its LR: such a run compares
+    warmup slopes. Legal, so a warning, from one process (the launcher's compose and rank 0, not every rank)."""
+    s, d = job.schedule, job.derived
+    warmup = s.lr_warmup if s.unit == "steps" else s.lr_warmup / max(1, d.tokens_per_step)
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))     # torchrun's, or srun's before init
+    if warmup >= d.train_iters and s.lr_warmup and rank == "0":
+        print(f"WARNING {source}: schedule.lr_warmup={s.lr_warmup} {s.unit} covers the whole run "
+              f"({d.train_iters} steps): the LR never reaches optim.lr={job.optim.lr:g}. Fix: shorten "
+              "schedule.lr_warmup, or lengthen the run.", file=sys.stderr)
 
 
 def load_recipe(recipe: str, overrides: Iterable[str] = ()) -> JobConfig:

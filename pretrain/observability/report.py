@@ -39,6 +39,8 @@ def _device(run_dir: Path) -> str | None:
 
 
 def summarize(run_dir: Path) -> tuple[str, dict]:
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir} does not exist. Fix: RUN=<a run directory> (make pretrain prints it).")
     records, bad_metrics = read_jsonl(run_dir / "metrics.jsonl")
     events, bad_events = read_jsonl(run_dir / "events.jsonl")
     train = [r for r in records if r["kind"] == "train"]
