@@ -151,8 +151,15 @@ ckpt-info: $(STAMP)  ## CKPT=<dir>: step, tokens, layout, precision of a checkpo
 report: $(STAMP)  ## RUN=<run_dir>: steps, tokens, restarts, spikes, rollbacks, throughput; <run_dir>/report.png
 	$(PY) -m pretrain.observability.report
 
-clean:  ## remove runs/ and outputs (keeps data/ and .venv)
-	rm -rf runs outputs multirun
+clean:  ## remove runs/, outputs/, multirun/ (keeps data/ and .venv): lists them and asks; YES=1 does not ask
+	@dirs=$$(ls -d runs outputs multirun 2>/dev/null); \
+	if [ -z "$$dirs" ]; then echo "nothing to remove"; exit 0; fi; \
+	echo ">> would remove (every run, checkpoint and log in them):"; du -sh $$dirs; \
+	if [ "$$YES" != 1 ]; then \
+	    if [ ! -t 0 ]; then echo "not a terminal: run make clean YES=1 to remove them"; exit 1; fi; \
+	    read -r -p "remove them? [y/N] " answer; case "$$answer" in y|Y|yes) ;; *) echo "kept"; exit 1;; esac; \
+	fi; \
+	rm -rf $$dirs && echo "removed $$dirs"
 
 .PHONY: help setup test test-fast lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench doctor gpu-check gpu-check-wheels pretrain ablate ladder \
 	export import-hf eval-data eval compare ckpt-info report clean

@@ -195,22 +195,27 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
         return done
     dtype = optimal_dtype(tokenizer.vocab_size)
     tmp = prefix.with_name(prefix.name + ".tmp")
-    bad = BadInput()
-    if plain:
-        pieces = byte_shard(inp.paths, *(shard or (0, 1)))
-        lengths = _encode_pieces(pieces, inp, tokenizer, dtype, cfg, tmp, bad)
-        sources = [{"path": str(p), "bytes": p.stat().st_size, "range": [s, e], "sha256": _range_digest((p, s, e))}
-                   for p, s, e in pieces]
-    else:
-        docs = read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field, bad=bad)
-        with open(f"{tmp}.bin", "wb") as out:
-            lengths = np.frombuffer(encode_to(out, (d.text for d in tqdm(docs, desc=f"tokenize {prefix.name}",
-                                                                         unit="doc", file=sys.stderr)),
-                                              tokenizer, dtype, cfg), dtype=np.int32)
-        sources = [{"path": str(p), "bytes": Path(p).stat().st_size, "sha256": file_digest(Path(p))}
-                   for p in inp.paths if Path(p).is_file()]
-    bad.check(inp.max_bad_fraction, f"tokenize input {inp.paths}")
-    write_index(f"{tmp}.idx", dtype, lengths)
+    try:    # a failure (too much bad input, a tokenizer error) leaves no half-written <prefix>.tmp.* behind
+        bad = BadInput()
+        if plain:
+            pieces = byte_shard(inp.paths, *(shard or (0, 1)))
+            lengths = _encode_pieces(pieces, inp, tokenizer, dtype, cfg, tmp, bad)
+            sources = [{"path": str(p), "bytes": p.stat().st_size, "range": [s, e], "sha256": _range_digest((p, s, e))}
+                       for p, s, e in pieces]
+        else:
+            docs = read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field, bad=bad)
+            with open(f"{tmp}.bin", "wb") as out:
+                lengths = np.frombuffer(encode_to(out, (d.text for d in tqdm(docs, desc=f"tokenize {prefix.name}",
+                                                                             unit="doc", file=sys.stderr)),
+                                                  tokenizer, dtype, cfg), dtype=np.int32)
+            sources = [{"path": str(p), "bytes": Path(p).stat().st_size, "sha256": file_digest(Path(p))}
+                       for p in inp.paths if Path(p).is_file()]
+        bad.check(inp.max_bad_fraction, f"tokenize input {inp.paths}")
+        write_index(f"{tmp}.idx", dtype, lengths)
+    except BaseException:
+        for ext in ("bin", "idx"):
+            Path(f"{tmp}.{ext}").unlink(missing_ok=True)
+        raise
     publish_pair(tmp, prefix)
     docs, tokens = len(lengths), int(lengths.sum(dtype=np.int64))
     summary = {"documents": docs, "tokens": tokens, "dtype": dtype.name,

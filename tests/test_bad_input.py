@@ -122,3 +122,19 @@ def test_a_missing_run_is_called_missing_with_a_fix_the_command_takes(tmp_path):
         resolve(tmp_path / "empty" / "checkpoints")
     with pytest.raises(FileNotFoundError, match="nope does not exist. Fix: RUN="):
         summarize(tmp_path / "nope")
+
+
+def test_a_failed_tokenize_leaves_no_temporary_files(tmp_path):
+    """Too much bad input stops tokenization with the count; neither <prefix>.tmp.bin nor .idx stays behind."""
+    from preprocessing.config import InputConfig, TokenizeConfig
+    from preprocessing.records import BadInputError
+    from preprocessing.tokenize_indexed import tokenize_to_indexed
+    from preprocessing.tokenizer_io import train_bpe
+    tok = train_bpe(["a b c d e f"] * 4, 300, 1, tmp_path / "tok")
+    (tmp_path / "in.jsonl").write_text('{"text": "fine"}\nnot json\n{"no_text": 1}\n')
+    for workers, fmt in ((1, "jsonl"), (2, None)):
+        with pytest.raises(BadInputError):
+            tokenize_to_indexed(InputConfig(paths=[str(tmp_path / "in.jsonl")], max_bad_fraction=0.0,
+                                            **({"format": fmt} if fmt else {})),
+                                tok, tmp_path / "out" / "doc", TokenizeConfig(workers=workers))
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
