@@ -101,8 +101,7 @@ class Trainer:
             decision, weights_only = Decision(load.found, decision.skipped + load.skipped), c.load_weights_only
         found = decision.found
         if found is None:
-            if decision.skipped:                 # every checkpoint damaged: a fresh start must not go unnoticed
-                self._announce("checkpoint_skipped", decision, 0, action="start from step 0")
+            self._nothing_verified(decision)
             return
         # announced before the load: if loading fails, the log already says which checkpoint it was
         self._announce("resume", decision, 0 if weights_only else found.meta["loop"]["step"], weights_only=weights_only)
@@ -119,6 +118,24 @@ class Trainer:
         self.saved_step = self.state.step
         self.log(f">> resumed from {found.path}: step {self.state.step}, "
                  f"{self.state.consumed_samples} samples consumed")
+
+    def _nothing_verified(self, decision: Decision) -> None:
+        """No checkpoint to resume from. Where there were some (damaged now, or set aside by an earlier resume),
+        starting over from step 0 would silently throw the run away: it stops (exit 3, RunStopped) unless
+        checkpoint.on_all_damaged=restart chose that, which is recorded as an event."""
+        aside = self.store.damaged()
+        if not (decision.skipped or aside):
+            return                               # a new run
+        if self.cfg.checkpoint.on_all_damaged == "restart":
+            self._announce("checkpoint_skipped", decision, 0, action="start from step 0 (on_all_damaged=restart)",
+                           set_aside=[str(p) for p in aside])
+            return
+        self._announce("checkpoint_skipped", decision, 0, action="stop")
+        names = ", ".join(p.name for p in aside) or ", ".join(p for p, _ in decision.skipped)
+        raise RunStopped(f"no checkpoint under {self.store.root} verifies; the damaged ones are kept aside ({names}). "
+                         "Not starting over from step 0. Fix: inspect them (make ckpt-info CKPT=<dir>), rename a "
+                         "good copy back to step_N, or pass checkpoint.on_all_damaged=restart to train from step 0 "
+                         "on purpose.")
 
     def _announce(self, kind: str, decision: Decision, step: int, **fields) -> None:
         """One event per resume decision (kind `checkpoint_skipped` when it passed over any): console

@@ -3,6 +3,7 @@ while every output it recorded stands; a deleted, truncated or damaged output is
 bytes, and the reason is printed. An unchanged rerun writes nothing and prints the recorded summary."""
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -168,3 +169,33 @@ def test_a_marker_never_records_other_markers_or_a_missing_output(tmp_path):
         marker.mark({}, outputs=[tmp_path / "nothing-here"])
     Marker(tmp_path, "none", "fp").mark({"n": 1})              # recorded nothing: never trusted
     assert Marker(tmp_path, "none", "fp").done() is None
+
+
+@pytest.mark.slow
+def test_a_run_whose_checkpoints_all_fail_verification_stops_instead_of_starting_over(tmp_path):
+    """Every checkpoint damaged (here: truncated shards): the relaunch stops (the trainer exits 3) with a report, keeps
+    them aside, and stops again on the next relaunch (the set-aside copies still say there was a run);
+    checkpoint.on_all_damaged=restart trains from step 0 on purpose, recorded as an event."""
+    from tests.training import run_training
+    run_dir = tmp_path / "run"
+    common = ["data=mock", "schedule.train_iters=2", "checkpoint.save_interval=1", "checkpoint.keep_last=0"]
+    assert run_training(run_dir, common, nproc=1).returncode == 0
+    for step in (1, 2):
+        for shard in (run_dir / "checkpoints" / f"step_{step:08d}" / "model_optim_rng").glob("*.distcp"):
+            shard.write_bytes(shard.read_bytes()[:10])
+    (run_dir / "final.json").unlink()
+    for attempt in (1, 2):
+        res = run_training(run_dir, common, nproc=1)
+        stopped = re.search(r"exitcode\s*:\s*3\b", res.stderr)        # the trainer's 3, in torchrun's report
+        assert res.returncode != 0 and stopped and "STOPPED: no checkpoint under" in res.stderr, (attempt, res.stderr)
+        assert "on_all_damaged=restart" in res.stderr
+    assert len(list((run_dir / "checkpoints").glob("step_*.damaged-*"))) == 2
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e.get("action") for e in events if e["kind"] == "checkpoint_skipped"] == ["stop", "stop"]
+    res = run_training(run_dir, [*common, "checkpoint.on_all_damaged=restart"], nproc=1)
+    assert res.returncode == 0, res.stderr[-2000:]
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["action"].startswith("start from step 0") and len(events[-1]["set_aside"]) == 2
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if '"train"' in x]
+    assert steps == [1, 2, 1, 2]                                   # the first run, then the restart from 0

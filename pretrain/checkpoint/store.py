@@ -195,6 +195,10 @@ class CheckpointStore:
         _barrier()
         return moved
 
+    def damaged(self) -> List[Path]:
+        """The checkpoints earlier resumes set aside as damaged (step_N.damaged-<time>), oldest step first."""
+        return sorted(self.root.glob("step_*.damaged-*")) if self.root.is_dir() else []
+
     # ---- saving: every rank calls begin, writes into the returned directory, then commit ------
     def begin(self, step: int) -> Path:
         tmp = self.step_dir(step).with_name(self.step_dir(step).name + ".tmp")

@@ -221,6 +221,8 @@ class CheckpointConfig:
     load_weights_only: bool = doc(False, "From `load`, take the weights only: fresh optimizer, step 0, data from the "
                                          "start.")
     keep_last: int = doc(3, "Keep the newest N checkpoints (0 keeps all).")
+    on_all_damaged: str = doc("stop", "Checkpoints exist (or were set aside as damaged) but none verifies: 'stop' "
+                                      "(exit 3 with a report) or 'restart' (train from step 0, recorded as an event).")
     keep_every: int = doc(0, "Also keep for good every checkpoint whose step is a multiple of M; 0: none.")
     digests: bool = doc(True, "Record an xxh3-128 digest of every file at each save (each rank hashes what it wrote) "
                         "and verify it on resume, spread over ranks: catches bytes overwritten in place.")

@@ -27,6 +27,7 @@ CHOICES = {
     "model.attention_backend": ("auto", "flash", "fused", "unfused", "local"),
     "model.transformer_impl": ("auto", "local", "transformer_engine"),
     "precision.dtype": DTYPES,
+    "checkpoint.on_all_damaged": ("stop", "restart"),
     "parallel.engine": ENGINES.names,
     "parallel.recompute_granularity": (None, "selective", "full"),
     "parallel.recompute_method": ("uniform", "block"),
