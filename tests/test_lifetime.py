@@ -75,3 +75,44 @@ def test_a_requeued_slurm_job_takes_over_its_own_earlier_lock(tmp_path, monkeypa
         RunDirLock(run_dir).acquire()
     lock.release()
     stale.release()
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose environment holds `marker` (a run and everything it started inherit it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:                 # gone meanwhile, or not ours to read
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_no_process_outlives_a_run_finished_or_killed(tmp_path):
+    """Every save starts megatron-core's results-queue Manager (a spawn server process, ~390 MB). A finished run
+    stops it; a run killed with SIGKILL (whole process tree, as a node loss or scancel does) used to leave it
+    behind, re-parented to init. Now it dies with its rank (engines/megatron/checkpointing.py)."""
+    import time
+
+    from tests.training import training_command, training_env
+    base = ["data=mock", "checkpoint.save_interval=1", "schedule.train_iters=4"]
+    for name, extra in (("finished", []), ("killed", ["fault.hang_at_step=3"])):
+        marker = f"PRETRAIN_TEST_RUN={name}-{os.getpid()}"
+        env = dict(training_env(), PRETRAIN_TEST_RUN=marker.split("=", 1)[1])
+        run_dir = tmp_path / name
+        proc = subprocess.Popen(training_command(run_dir, [*base, *extra], nproc=1), cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        if name == "killed":
+            deadline = time.time() + 300
+            while time.time() < deadline and not (run_dir / "checkpoints" / "step_00000002").is_dir():
+                time.sleep(0.2)
+            assert len(processes_with(marker)) >= 3           # torchrun, the rank, the rank's Manager (at least)
+            os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=300) == (0 if name == "finished" else -signal.SIGKILL)
+        deadline = time.time() + 10
+        while processes_with(marker) and time.time() < deadline:
+            time.sleep(0.2)
+        assert processes_with(marker) == [], name

@@ -29,37 +29,29 @@ the run goes on unlocked.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import json
 import os
-import signal
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 import torch.distributed as dist
 
+from common.process import die_with_parent
+
 from ..dist import rank
 
 LOCK_NAME = ".lock"
-_PR_SET_PDEATHSIG = 1
 
 
 def die_with_launcher() -> bool:
     """SIGKILL this process when its torchrun agent dies; True when set (Linux, under torch elastic)."""
-    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        return False
-    if os.getppid() == 1:
-        # the agent died before the prctl (during interpreter start-up): we were re-parented to init
-        os.kill(os.getpid(), signal.SIGKILL)
-    return True
+    return die_with_parent()
 
 
 class RunDirBusy(RuntimeError):

@@ -18,9 +18,12 @@ reseeded from (seed, step) and the log says so (dropout streams cannot be mapped
 """
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Dict, Optional
+
+from common.process import die_with_parent
 
 from ..base import same_placement
 from ..common import reseed, rng_state, set_rng_state
@@ -59,6 +62,27 @@ def _optimizer_metadata(sharding_type: str) -> dict:
     return {"distrib_optim_sharding_type": sharding_type}
 
 
+_MANAGERS: list = []      # the results-queue Manager of this process (a reference keeps it running)
+
+
+def results_queue_dies_with_rank() -> None:
+    """megatron-core's FileSystemWriterAsync (every torch_dist save, sync ones too) passes each save's results
+    through one module-global queue of a multiprocessing Manager, whose server process (spawn context) it starts
+    at the first save and never stops. A rank that exits normally stops it at exit; a rank killed with SIGKILL
+    (a node failure, scancel, a drill) left it running, re-parented to init, ~390 MB each. This starts that
+    Manager the same way, its server armed to die with this rank (common/process.py), before the first save."""
+    import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    if filesystem_async._results_queue is not None:
+        return
+    manager = SyncManager(ctx=mp.get_context("spawn"))
+    manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
+    _MANAGERS.append(manager)
+    filesystem_async._results_queue = manager.Queue()
+
+
 def save(engine, directory: Path, async_save: bool = False):
     """Write the checkpoint; with async_save only the planning happens here and the returned
     megatron-core AsyncRequest writes the shards in a forked process (a snapshot of this
@@ -67,6 +91,7 @@ def save(engine, directory: Path, async_save: bool = False):
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
+    results_queue_dies_with_rank()
     state = _model_sharded(engine)
     state["optimizer"] = engine.optimizer.sharded_state_dict(
         state, is_loading=False, metadata=_optimizer_metadata(engine.cfg.checkpoint.distrib_optim_sharding_type))
