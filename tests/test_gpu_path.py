@@ -84,18 +84,20 @@ def test_a_launch_with_another_process_count_is_refused(single_rank_megatron):
         init_distributed(expected_world_size=2)
 
 
-def test_doctor_and_the_gpu_check_dry_run_answer_on_cpu():
-    env = dict(os.environ, RECIPE="llama-8b", DRY_RUN="1")
-    doctor = subprocess.run(["make", "-s", "doctor"], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert doctor.returncode == 0, doctor.stderr[-2000:]
-    assert "| torch |" in doctor.stdout and "recipe llama-8b" in doctor.stdout
-    assert "| apply_rope_fusion | off | GPU only |" in doctor.stdout
-    check = subprocess.run(["make", "-s", "gpu-check"], cwd=REPO, env=env, capture_output=True, text=True,
-                           timeout=300)
-    assert check.returncode == 0, check.stderr[-2000:]
+def test_doctor_and_the_gpu_check_dry_run_answer_on_cpu(monkeypatch, capsys):
+    """What `make doctor RECIPE=llama-8b` and `make gpu-check DRY_RUN=1` run (the Makefile calls these mains)."""
+    from launch import doctor, gpu_check
+    monkeypatch.setenv("RECIPE", "llama-8b")
+    assert doctor.main() == 0
+    out = capsys.readouterr().out
+    assert "| torch |" in out and "recipe llama-8b" in out and "| apply_rope_fusion | off | GPU only |" in out
+    monkeypatch.setenv("DRY_RUN", "1")
+    assert gpu_check.main() == 0
+    out = capsys.readouterr().out
     for step in ("bf16-gpt-125m", "fp32-vs-cpu", "kill-resume", "ds-zero2", "dist-opt-overlap", "te-spec"):
-        assert step in check.stdout
+        assert step in out
+    make = subprocess.run(["make", "-n", "doctor", "gpu-check"], cwd=REPO, capture_output=True, text=True)
+    assert "-m launch.doctor" in make.stdout and "launch/gpu_check.sh" in make.stdout
 
 
 def refusals(recipe: str, overrides: list[str]) -> str:
