@@ -1,7 +1,6 @@
 """The GPU path's decisions, checked here on CPU: fusions follow their kernels (model/fusions.py), a run
 launched with another process count than its config is refused, DeepSpeed's op builder gets an arch list it
 can parse, `make doctor` and `make gpu-check DRY_RUN=1` answer. The GPU runs themselves: docs/gpu-check.md."""
-import os
 import subprocess
 
 import pytest
