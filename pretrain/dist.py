@@ -2,6 +2,8 @@
 and the one rule for who prints: the last rank, whose pipeline stage holds the loss first."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch.distributed as dist
 
 
@@ -21,3 +23,12 @@ def log(text: str) -> None:
     """`text` on the console once per job: from the logging rank."""
     if is_logging_rank():
         print(text, flush=True)
+
+
+def from_rank0(value: Callable[[], object]) -> object:
+    """value() on rank 0 only (one reader of files that ranks reading apart could see differently, or that
+    would cost every rank the same read), its result on every rank."""
+    box = [value() if rank() == 0 else None]
+    if world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -26,8 +26,9 @@ from .checkpoint.store import CheckpointStore, Decision, agreed_load
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
 from .data.datasets import BatchSource, StepBatches, build_datasets, eval_batches, split_sizes
+from .data.identity import data_identity, differences
 from .data.mix import PhasedMix
-from .dist import log
+from .dist import from_rank0, log
 from .dist import rank as dist_rank
 from .engines.base import Engine
 from .observability.downstream import DownstreamEvals
@@ -76,6 +77,7 @@ class Trainer:
                                      checksums=c.checksums, keep_every=c.keep_every, digests=c.digests,
                                      writer_of=engine.checkpoint_writer)
         self.saved_step = -1
+        self.data_identity = from_rank0(lambda: data_identity(cfg))   # recorded in every save, checked on resume
         self.recovery = Recovery()
         self.guard = SpikeGuard(cfg)
         self.faults = FaultDrill(cfg.fault, engine, cfg.model.vocab_size)
@@ -103,6 +105,8 @@ class Trainer:
         if found is None:
             self._nothing_verified(decision)
             return
+        if not weights_only:
+            self._same_data(found)
         # announced before the load: if loading fails, the log already says which checkpoint it was
         self._announce("resume", decision, 0 if weights_only else found.meta["loop"]["step"], weights_only=weights_only)
         self.engine.load_checkpoint(found.engine_dir, found.meta, weights_only)
@@ -118,6 +122,21 @@ class Trainer:
         self.saved_step = self.state.step
         self.log(f">> resumed from {found.path}: step {self.state.step}, "
                  f"{self.state.consumed_samples} samples consumed")
+
+    def _same_data(self, found) -> None:
+        """A full resume continues at consumed_samples in an order built from the blend's files: on other files
+        that position means other samples. Refused (exit 3) unless checkpoint.allow_data_change, then recorded."""
+        changed = differences(found.meta.get("data"), self.data_identity)
+        if not changed:
+            return
+        step = found.meta["loop"]["step"]
+        if not self.cfg.checkpoint.allow_data_change:
+            raise RunStopped(f"{found.path} was saved on other data than {self.cfg.data.blend} holds now: "
+                             + "; ".join(changed) + ". Resuming would continue at its data position in another "
+                             "sample order. Fix: restore the files it trained on, or pass "
+                             "checkpoint.allow_data_change=true to continue on the new data on purpose (recorded as "
+                             "a data_changed event), or checkpoint.load_weights_only=true to start the data afresh.")
+        self.metrics.event({"kind": "data_changed", "step": step, "checkpoint": str(found.path), "changes": changed})
 
     def _nothing_verified(self, decision: Decision) -> None:
         """No checkpoint to resume from. Where there were some (damaged now, or set aside by an earlier resume),
@@ -214,7 +233,7 @@ class Trainer:
         st.skipped_steps = self.metrics.skipped_total
         step = st.step
         directory = self.store.begin(step)
-        meta = checkpoint_meta(self.cfg, st, self.engine.checkpoint_meta(),
+        meta = checkpoint_meta(self.cfg, st, self.engine.checkpoint_meta(), data=self.data_identity,
                                health={"weights_finite": True, "valid_loss": valid_loss})
 
         def commit() -> None:

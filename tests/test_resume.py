@@ -199,3 +199,71 @@ def test_a_run_whose_checkpoints_all_fail_verification_stops_instead_of_starting
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
              if '"train"' in x]
     assert steps == [1, 2, 1, 2]                                   # the first run, then the restart from 0
+
+
+def tiny_blend(root, docs_by_split):
+    """A blend of three splits tokenized with a small BPE trained on the spot; returns blend.json's path."""
+    from preprocessing.blend import write_blend
+    from preprocessing.config import TokenizeConfig
+    from preprocessing.tokenize_indexed import tokenize_to_indexed
+    from preprocessing.tokenizer_io import train_bpe
+    tok = train_bpe([" ".join(f"w{i}" for i in range(200))] * 4, 400, 1, root / "tok")
+    for split, docs in docs_by_split.items():
+        (root / f"{split}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        tokenize_to_indexed(InputConfig(paths=[str(root / f"{split}.jsonl")]), tok, root / f"{split}_text_document",
+                            TokenizeConfig(workers=1))
+    return write_blend(root / "blend.json", {s: [(1.0, f"{s}_text_document")] for s in docs_by_split},
+                       tokenizer={"vocab_size": tok.vocab_size, "eod": tok.eod})
+
+
+def test_a_checkpoint_records_its_data_and_tells_what_changed(tmp_path):
+    """meta.json's data identity: documents, tokens, .bin size, the .idx's digest per prefix (named relative to
+    the blend: a moved data directory is the same data), the tokenizer files' digests."""
+    from pretrain.config.compose import load_recipe
+    from pretrain.data.identity import data_identity, differences
+    words = [f"w{i}" for i in range(200)]
+    docs = {s: [" ".join(words)] * 20 for s in ("train", "valid", "test")}
+    def identity(root):
+        return data_identity(load_recipe("gpt-tiny", [f"data.blend={root / 'blend.json'}",
+                                                      f"data.tokenizer.path={root / 'tok'}"]))
+    tiny_blend(tmp_path / "a", docs)
+    before = identity(tmp_path / "a")
+    assert before["sources"]["train_text_document"]["documents"] == 20 and before["tokenizer"]
+    tiny_blend(tmp_path / "b", docs)                                     # the same files elsewhere
+    assert differences(before, identity(tmp_path / "b")) == []
+    tiny_blend(tmp_path / "c", {**docs, "train": [" ".join(words[:50])] * 30})
+    after = identity(tmp_path / "c")
+    [line] = differences(before, after)
+    assert line.startswith("train_text_document: documents 20 -> 30, tokens ") and "the index's bytes" in line
+    assert differences({}, after) == [] and differences({"mock": True}, after) == ["data.mock changed"]
+
+
+@pytest.mark.slow
+def test_a_resume_on_other_data_is_refused_unless_asked_for(tmp_path):
+    """Preprocessed again into the same prefixes, the data would be read from the checkpoint's position in
+    another order: the resume stops (exit 3) naming the change; checkpoint.allow_data_change=true continues and
+    records a data_changed event."""
+    from tests.training import run_training
+    words = [f"w{i}" for i in range(200)]
+    data = tmp_path / "data"
+    blend = tiny_blend(data, {s: [" ".join(words)] * 40 for s in ("train", "valid", "test")})
+    run_dir = tmp_path / "run"
+    common = [f"data.blend={blend}", f"data.tokenizer.path={data / 'tok'}", "model.seq_length=32",
+              "checkpoint.save_interval=2", "eval.eval_interval=0", "eval.final_test=false"]
+    assert run_training(run_dir, [*common, "schedule.train_iters=2"], nproc=1).returncode == 0
+    (data / "train.jsonl").write_text("".join(json.dumps({"text": " ".join(words[:60])}) + "\n" for _ in range(50)))
+    from preprocessing.config import TokenizeConfig
+    from preprocessing.tokenize_indexed import tokenize_to_indexed
+    from preprocessing.tokenizer_io import load_tokenizer
+    for ext in ("bin", "idx", "json"):
+        (data / f"train_text_document.{ext}").unlink()
+    tokenize_to_indexed(InputConfig(paths=[str(data / "train.jsonl")]), load_tokenizer("hf", data / "tok"),
+                        data / "train_text_document", TokenizeConfig(workers=1))
+    res = run_training(run_dir, [*common, "schedule.train_iters=3"], nproc=1)
+    assert res.returncode != 0 and re.search(r"exitcode\s*:\s*3\b", res.stderr), res.stderr[-2000:]
+    assert "was saved on other data" in res.stderr and "train_text_document: documents 40 -> 50" in res.stderr
+    res = run_training(run_dir, [*common, "schedule.train_iters=3", "checkpoint.allow_data_change=true"], nproc=1)
+    assert res.returncode == 0, res.stderr[-2000:]
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    [changed] = [e for e in events if e["kind"] == "data_changed"]
+    assert changed["step"] == 2 and changed["changes"][0].startswith("train_text_document: documents 40 -> 50")

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from common.files import fsync_dir, write_atomic
 
-from ..dist import rank
+from ..dist import from_rank0, rank
 from .integrity import WriterOf, agreed_digest_problems, gathered_digests, size_problems, sizes_of, summary
 
 FORMAT = "pretrain-checkpoint/1"
@@ -65,15 +65,6 @@ def known_good(meta: dict) -> bool:
     health = meta.get("health", {})
     loss = health.get("valid_loss")
     return bool(health.get("weights_finite")) and loss is not None and math.isfinite(loss)
-
-
-def _from_rank0(value: Callable[[], object]) -> object:
-    """value() on rank 0 only (one reader of directories and meta.json; ranks reading them apart could
-    disagree while a save or a damage is under way), its result on every rank."""
-    box = [value() if rank() == 0 else None]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _barrier() -> None:
@@ -127,7 +118,7 @@ def first_intact(paths: List[Path], strong: bool, fast: bool = True, writer_of: 
     remaining = iter(paths) if rank() == 0 else None
     skipped: List[Tuple[str, str]] = []
     while True:
-        item = _from_rank0(lambda: _candidate(next(remaining, None)))
+        item = from_rank0(lambda: _candidate(next(remaining, None)))
         if item is None:
             return Decision(None, skipped)
         path, meta, problem = item
@@ -164,7 +155,7 @@ class CheckpointStore:
         """The newest checkpoint that passes every check (and `accept`), and the newer ones skipped on
         the way; collective in a distributed run. The rename of step_N.tmp is the commit point, so every
         complete step_N is a candidate (no pointer file)."""
-        return first_intact(_from_rank0(self.complete), self.checksums, self.digests, self.writer_of, accept)
+        return first_intact(from_rank0(self.complete), self.checksums, self.digests, self.writer_of, accept)
 
     def find_resumable(self) -> Optional[Checkpoint]:
         """scan() in this process alone (tools, one reader), saying what was skipped through `log`."""
@@ -212,7 +203,7 @@ class CheckpointStore:
         final = self.step_dir(step)
         tmp = final.with_name(final.name + ".tmp")
         _barrier()                                           # every rank's shards are on disk
-        sizes = _from_rank0(lambda: sizes_of(tmp))
+        sizes = from_rank0(lambda: sizes_of(tmp))
         sums = {"xxh3": {}, "sha256": {}}
         if self.digests or self.checksums:
             sums = gathered_digests(tmp, sizes, self.digests, self.checksums, self.writer_of)
@@ -251,7 +242,7 @@ def agreed_load(path: Path | str, checksums: bool = True, digests: bool = True) 
     """resolve() for a run's ranks (checkpoint.load): every rank gets the Decision and raises alike when
     nothing is intact (an error on rank 0 alone would leave the others waiting)."""
     path = Path(path)
-    paths = [path] if (path / "meta.json").exists() else _from_rank0(CheckpointStore(path).complete)
+    paths = [path] if (path / "meta.json").exists() else from_rank0(CheckpointStore(path).complete)
     decision = first_intact(paths, checksums, digests)
     if decision.found is None:
         raise FileNotFoundError(_nothing_intact(path, decision))
