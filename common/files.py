@@ -19,6 +19,12 @@ def fsync_dir(path: Path | str) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path | str) -> None:
+    """Make a file's written bytes durable (whoever wrote them, through whichever descriptor)."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
 def write_atomic(path: Path | str, text: str) -> None:
     """`text` into `path`: written to `<path>.tmp`, fsynced, renamed over `path`, the directory fsynced."""
     path = Path(path)

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -299,3 +300,21 @@ def test_a_save_right_after_a_step_holds_its_weights_with_the_param_gather_overl
                       for name in ("dp2-distopt", "dp2-distopt-overlap"))
     a, b = model_state(plain, config_of(plain)), model_state(overlap, config_of(overlap))
     assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_every_shard_is_made_durable_before_the_rename_that_publishes_it(tmp_path, monkeypatch):
+    """The commit fsyncs each file of step_N.tmp (each rank its share) before step_N.tmp becomes step_N; before,
+    only meta.json and the directory were, and a crash after the rename could publish unwritten shards."""
+    from pretrain.checkpoint import store as store_module
+    events = []
+    monkeypatch.setattr(store_module, "fsync_file", lambda path: events.append(("fsync", Path(path).name)))
+    rename = Path.rename
+    monkeypatch.setattr(Path, "rename", lambda self, target: (events.append(("rename", self.name)),
+                                                              rename(self, target))[1])
+    store = CheckpointStore(tmp_path, keep_last=0)
+    directory = store.begin(7)
+    for name in ("__0_0.distcp", "common.pt", ".metadata"):
+        (directory / name).write_bytes(b"x" * 10)
+    store.commit(7, {"loop": {"step": 7}})
+    assert sorted(n for kind, n in events if kind == "fsync") == [".metadata", "__0_0.distcp", "common.pt"]
+    assert events[-1] == ("rename", "step_00000007.tmp")              # after every fsync

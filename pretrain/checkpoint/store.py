@@ -30,10 +30,10 @@ from typing import Callable, List, Optional, Tuple
 
 import torch.distributed as dist
 
-from common.files import fsync_dir, write_atomic
+from common.files import fsync_dir, fsync_file, write_atomic
 
-from ..dist import from_rank0, rank
-from .integrity import WriterOf, agreed_digest_problems, gathered_digests, size_problems, sizes_of, summary
+from ..dist import from_rank0, rank, world_size
+from .integrity import WriterOf, agreed_digest_problems, gathered_digests, shares, size_problems, sizes_of, summary
 
 FORMAT = "pretrain-checkpoint/1"
 ENGINE_DIR = "model_optim_rng"
@@ -204,6 +204,11 @@ class CheckpointStore:
         tmp = final.with_name(final.name + ".tmp")
         _barrier()                                           # every rank's shards are on disk
         sizes = from_rank0(lambda: sizes_of(tmp))
+        # durable before the rename that publishes them: each rank fsyncs its share (its own writes first), as
+        # meta.json and the directory are; a crash after the rename must not find renamed-in, unwritten shards
+        for rel in shares(sizes, world_size(), self.writer_of)[rank()]:
+            fsync_file(tmp / rel)
+        _barrier()
         sums = {"xxh3": {}, "sha256": {}}
         if self.digests or self.checksums:
             sums = gathered_digests(tmp, sizes, self.digests, self.checksums, self.writer_of)
