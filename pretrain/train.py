@@ -35,7 +35,7 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
     engine = create_engine(job)
     run_dir = Path(job.run_dir)
     try:
-        lock = lock_run_dir(run_dir)     # before anything is written there
+        lock = lock_run_dir(run_dir, job.stability.lock_wait_s)     # before anything is written there
     except RunDirBusy as busy:
         if dist.get_rank() == 0:
             print(f"REFUSED: {busy}", file=sys.stderr, flush=True)

@@ -56,25 +56,32 @@ def test_a_second_trainer_on_a_live_run_directory_is_refused_naming_the_holder(h
     assert capsys.readouterr().out == ""
 
 
-def test_a_requeued_slurm_job_takes_over_its_own_earlier_lock(tmp_path, monkeypatch):
-    # On NFS a lost node's lock can outlive it; the same job id with a higher restart count is the requeue
-    # of that job, whose earlier incarnation SLURM has ended.
+def test_a_requeued_slurm_job_waits_for_its_earlier_lock_and_takes_it_only_from_the_dead(tmp_path, monkeypatch):
+    """The same job id with a higher restart count is the requeue of that job. While its earlier incarnation
+    still holds the lock (it is ending, or an NFS server keeps a lost node's), the requeue waits up to
+    stability.lock_wait_s: released meanwhile, it takes the lock; still held by a live process, it refuses
+    naming it; held for a process known dead (this host, pid gone), it takes it over at once."""
+    import threading
     run_dir = tmp_path / "run"
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    stale = RunDirLock(run_dir)
-    stale.acquire()                                  # flock conflicts between descriptors, also in one process
+    earlier = RunDirLock(run_dir)
+    earlier.acquire()                                # flock conflicts between descriptors, also in one process
     with pytest.raises(RunDirBusy):
-        RunDirLock(run_dir).acquire()                # the same incarnation is not a requeue
+        RunDirLock(run_dir).acquire(wait_s=5)        # the same incarnation is not a requeue: no wait
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with pytest.raises(RunDirBusy, match=r"SLURM job 77.*waited 0.5 s"):
+        RunDirLock(run_dir).acquire(wait_s=0.5)      # the holder (this live process) keeps it: refused
+    threading.Timer(0.5, earlier.release).start()    # the earlier incarnation ends while the requeue waits
     lock = RunDirLock(run_dir)
-    assert "took over" in lock.acquire()
+    assert lock.acquire(wait_s=20) is None
     assert json.loads((run_dir / ".lock").read_text())["slurm_restart_count"] == 1
+    lock._write({**json.loads((run_dir / ".lock").read_text()), "pid": 2 ** 22 + 12345})  # a pid not running
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert "which is gone" in RunDirLock(run_dir).acquire(wait_s=60)                       # no wait for the dead
     monkeypatch.setenv("SLURM_JOB_ID", "78")
     with pytest.raises(RunDirBusy, match="SLURM job 77"):
         RunDirLock(run_dir).acquire()
-    lock.release()
-    stale.release()
 
 
 def processes_with(marker: str) -> list[int]:

@@ -239,6 +239,8 @@ class CheckpointConfig:
 @dataclass
 class StabilityConfig:
     distributed_timeout_minutes: int = doc(30, "Timeout of torch.distributed collectives.")
+    lock_wait_s: int = doc(120, "A requeued job waits this long for its earlier incarnation's run-directory lock "
+                                "(an NFS server keeps a lost node's for its lease, ~90 s), then refuses.")
     watchdog_minutes: float = doc(30.0, "No step, evaluation or save within this: every rank dumps all thread stacks "
                                         "to "
                                   "<run_dir>/hang/ and exits 1 (requeue resumes); 0 disables.")

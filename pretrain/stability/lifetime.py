@@ -23,8 +23,9 @@ the run directory (moving a run with another config away, rewriting config.yaml)
 
 Network file systems: NFS maps flock to POSIX locks held by the server. A lost node's lock can
 outlive it there (until the server's lease or the client's reboot), so a requeue of the same SLURM
-job id (the earlier incarnation is dead by construction) takes a held lock over; anyone else is
-told how to clear it. A file system without locks (Lustre without `-o flock`) gives a warning and
+job id waits for the held lock (stability.lock_wait_s, longer than an NFS lease), takes it over at once
+where the holder is known dead (this host, pid gone), and otherwise refuses naming the holder; anyone
+else is told how to clear it. A file system without locks (Lustre without `-o flock`) gives a warning and
 the run goes on unlocked.
 """
 from __future__ import annotations
@@ -96,9 +97,12 @@ class RunDirLock:
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: Optional[int] = None
 
-    def acquire(self) -> Optional[str]:
+    def acquire(self, wait_s: float = 0.0) -> Optional[str]:
         """Take the lock; RunDirBusy when a live trainer holds it. Returns a note for the log (the previous
-        holder ended without releasing it, a requeue took it over, no locking here) or None."""
+        holder ended without releasing it, a requeue took it over, no locking here) or None. A requeue of the
+        same SLURM job (its earlier incarnation ending, or a lost node's lock kept by an NFS server) waits up to
+        `wait_s` for the lock; it takes it over at once only where the holder is known dead (this host, pid
+        gone), else it refuses after the wait, naming the holder: two live trainers never share a run dir."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -109,9 +113,7 @@ class RunDirLock:
             mine = os.environ.get("SLURM_JOB_ID")
             if mine and held.get("slurm_job_id") == mine and held.get("slurm_restart_count", 0) < int(
                     os.environ.get("SLURM_RESTART_COUNT", 0) or 0):
-                self.path.unlink(missing_ok=True)              # a new inode: the stale lock stays on the old one
-                self.acquire()
-                return f"took over {self.path} from this job's earlier incarnation ({_describe(held)})"
+                return self._requeue(held, wait_s)
             raise RunDirBusy(self._busy_message(held)) from None
         except OSError as err:
             os.close(fd)
@@ -126,6 +128,25 @@ class RunDirLock:
             return (f"the previous trainer of {self.path.parent} ({_describe(last)}) ended without releasing "
                     f"{self.path.name} (killed or crashed); it is gone, so this run continues there")
         return None
+
+    def _requeue(self, held: dict, wait_s: float) -> Optional[str]:
+        deadline = time.monotonic() + wait_s
+        while _alive_here(held) is not False and time.monotonic() < deadline:
+            time.sleep(min(1.0, wait_s / 10 or 1.0))
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            os.close(fd)                                      # released meanwhile: take it the plain way
+            return self.acquire()
+        if _alive_here(held) is False:                        # dead here, its lock kept by an inherited descriptor
+            self.path.unlink(missing_ok=True)                 # a new inode: the stale lock stays on the old one
+            self.acquire()
+            return f"took over {self.path} from this job's earlier incarnation ({_describe(held)}), which is gone"
+        raise RunDirBusy(self._busy_message(held) + f" This job's requeue waited {wait_s:g} s for it "
+                         "(stability.lock_wait_s).")
 
     def release(self) -> None:
         if self._fd is None:
@@ -172,13 +193,14 @@ def check_free(run_dir) -> None:
         os.close(fd)
 
 
-def lock_run_dir(run_dir) -> RunDirLock:
+def lock_run_dir(run_dir, wait_s: float = 0.0) -> RunDirLock:
     """Global rank 0 takes the lock (one holder per job, whatever the node count); every rank gets its
-    answer, so a refused job raises RunDirBusy on all ranks. Call with the process group up."""
+    answer, so a refused job raises RunDirBusy on all ranks. Call with the process group up. `wait_s`: how
+    long a requeued job waits for its earlier incarnation's lock."""
     lock, answer = RunDirLock(run_dir), [None]
     if rank() == 0:
         try:
-            answer[0] = ("ok", lock.acquire())
+            answer[0] = ("ok", lock.acquire(wait_s))
         except RunDirBusy as busy:
             answer[0] = ("busy", str(busy))
     if dist.is_initialized() and dist.get_world_size() > 1:
