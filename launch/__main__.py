@@ -8,9 +8,11 @@ the TensorBoard command are printed. Every rank reads the resolved `<run_dir>/co
 written here, so all ranks train exactly the validated config. DRY_RUN=1 prints the resolved
 config and the script and changes nothing.
 
-When `data.blend` is missing, its preprocessing config (`data.preprocess`) runs first: here for a
-local launch, and for a SLURM launch as the preprocessing job chain (launch/preprocess.py), never
-on the login node; the training job then waits for its last job (--dependency=afterok).
+When `data.blend` is missing, or was written by other settings or inputs of its preprocessing config
+(blend.json's made_by), that config (`data.preprocess`) runs first: here for a local launch, and for a
+SLURM launch as the preprocessing job chain (launch/preprocess.py), never on the login node; the
+training job then waits for its last job (--dependency=afterok). The pipeline's markers redo only the
+stages whose settings or inputs changed.
 """
 from __future__ import annotations
 
@@ -30,38 +32,54 @@ from common.files import write_atomic
 from launch.preprocess import dry_run as preprocess_scripts
 from launch.preprocess import dry_run_local, submit_pipeline, with_cluster
 from launch.slurm import render, submit
+from preprocessing.blend import made_by
 from preprocessing.cli import load_config
 from preprocessing.pipeline import run_pipeline
+from preprocessing.stages import config_fingerprint
 from pretrain.config.compose import config_diff, load_recipe, to_yaml
 from pretrain.stability.lifetime import RunDirBusy, check_free
 
 
-def missing_blend_config(job):
-    """The preprocessing config that writes the recipe's missing blend; None when there is nothing to do."""
-    if job.data.mock or not job.data.blend or Path(job.data.blend).exists():
+def blend_to_build(job):
+    """(preprocessing config, why) when the recipe's blend must be (re)built: it is missing, or the config and
+    inputs that wrote it (blend.json's made_by) differ from today's; None when it stands. The pipeline's own
+    markers then redo exactly the stages whose settings or inputs changed."""
+    if job.data.mock or not job.data.blend:
         return None
     cfg = with_cluster(load_config(job.data.preprocess), job.cluster)
+    if Path(job.data.blend).exists():
+        recorded, now = made_by(job.data.blend), config_fingerprint(cfg)
+        if recorded.get("fingerprint") == now:
+            return None
+        why = (f"{job.data.blend} was written by preprocessing config {recorded.get('config')!r} with other settings "
+               "or inputs" if recorded else f"{job.data.blend} does not record the preprocessing that wrote it")
+    else:
+        why = f"{job.data.blend} is missing"
     writes = Path(cfg.output_dir) / "blend.json"
     if writes.resolve() != Path(job.data.blend).resolve():
+        if Path(job.data.blend).exists():
+            return None                 # a blend of the user's own (not written by data.preprocess): used as it is
         # the pipeline would run (for hours) and training would still not find its data
         raise ConfigError([f"data.blend={job.data.blend} is missing, and data.preprocess={job.data.preprocess} "
                            f"writes {writes} instead. Fix: data.blend={writes}, or point the preprocessing "
                            "config's output_dir at the blend's directory."], source="make pretrain")
-    return cfg
+    return cfg, why
 
 
 def ensure_data(job, local: bool = True) -> List[str]:
     """Fetch and preprocess the recipe's data when its blend file is missing: in this process for a local
     launch; for SLURM, submitted as the preprocessing job chain (a login node runs no pipeline). The
     submitted job ids (the training job waits for the last one), else []."""
-    cfg = missing_blend_config(job)
-    if cfg is None:
+    todo = blend_to_build(job)
+    if todo is None:
         return []
+    cfg, why = todo
     if local:
-        print(f">> {job.data.blend} is missing: running preprocessing config {job.data.preprocess} here", flush=True)
+        print(f">> {why}: running preprocessing config {job.data.preprocess} here (finished stages whose settings "
+              "and inputs stand are skipped)", flush=True)
         run_pipeline(cfg)
         return []
-    print(f">> {job.data.blend} is missing: submitting preprocessing config {job.data.preprocess} as SLURM jobs; "
+    print(f">> {why}: submitting preprocessing config {job.data.preprocess} as SLURM jobs; "
           "the training job waits for the last one (afterok)", flush=True)
     ids = submit_pipeline(cfg)
     print(f"PREPROCESS_JOB_IDS={','.join(ids)}", flush=True)
@@ -188,10 +206,11 @@ def print_dry_run(job, recipe: str, run_dir: Path, local: bool) -> int:
     """DRY_RUN=1: the resolved config, what preprocessing would run first (a missing blend) and the launch
     script; nothing is written or submitted."""
     print(f"# resolved config of {recipe} (would be {run_dir / 'config.yaml'})\n{to_yaml(job)}")
-    cfg = missing_blend_config(job)
+    todo = blend_to_build(job)
+    cfg = todo[0] if todo else None
     plan = None if cfg is None else dry_run_local(cfg) if local else preprocess_scripts(cfg)
     if plan is not None:
-        print(f"# {job.data.blend} is missing: preprocessing config {job.data.preprocess} runs first\n{plan}")
+        print(f"# {todo[1]}: preprocessing config {job.data.preprocess} runs first\n{plan}")
     after = " --dependency=afterok:<last preprocessing job> --kill-on-invalid-dep=yes" if cfg and not local else ""
     print(f"# {run_dir / 'launch.sh'}\n{local_script(job, run_dir)}" if local else
           f"# {run_dir / 'launch.sbatch'} (sbatch{after} launch.sbatch)\n{render(job, run_dir)}")

@@ -19,10 +19,13 @@ from typing import Dict, List, Optional, Tuple
 FORMAT = "pretrain-blend/1"
 
 
-def write_blend(path: Path, splits: Dict[str, List[Tuple[float, str]]], tokenizer: Optional[dict] = None) -> Path:
+def write_blend(path: Path, splits: Dict[str, List[Tuple[float, str]]], tokenizer: Optional[dict] = None,
+                made_by: Optional[dict] = None) -> Path:
+    """`made_by`: the preprocessing config's name and fingerprint (launch/__main__.py redoes the pipeline when
+    today's config or inputs differ from what wrote the blend)."""
     body = {"format": FORMAT,
             "splits": {s: [{"weight": float(w), "prefix": p} for w, p in items] for s, items in splits.items()},
-            "tokenizer": tokenizer or {}}
+            "tokenizer": tokenizer or {}, **({"made_by": made_by} if made_by else {})}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body, indent=1))
@@ -53,3 +56,11 @@ def read_blend(path: str | Path) -> Dict[str, Tuple[List[str], List[float]]]:
             weights.append(float(item["weight"]))
         result[split] = (prefixes, weights)
     return result
+
+
+def made_by(path: str | Path) -> dict:
+    """What wrote the blend (`write_blend`'s made_by), {} for a blend written before it was recorded."""
+    try:
+        return json.loads(Path(path).read_text()).get("made_by") or {}
+    except (OSError, ValueError):
+        return {}

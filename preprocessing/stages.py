@@ -253,6 +253,13 @@ def tokenize(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     return {}
 
 
+def config_fingerprint(cfg: PreprocessConfig) -> str:
+    """The preprocessing config that decides the data (its `slurm` section, where the jobs run, aside) and the
+    size and mtime of its inputs: what a blend records of what wrote it."""
+    settings = {k: v for k, v in _settings(cfg).items() if k != "slurm"}
+    return fingerprint(settings, [p for p in cfg.input.paths if Path(p).exists()])
+
+
 @register_stage("merge")
 def merge(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     work, out = Path(cfg.work_dir), Path(cfg.output_dir)
@@ -266,7 +273,8 @@ def merge(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     tok = tokenizer_stage(cfg, work / "split" / "train.jsonl")
     blend = write_blend(out / "blend.json", {s: [(1.0, f"{s}_text_document")] for s in SPLITS},
                         tokenizer={"type": cfg.tokenizer.type, "path": cfg.tokenizer.path,
-                                   "vocab_size": tok.vocab_size, "eod": tok.eod})
+                                   "vocab_size": tok.vocab_size, "eod": tok.eod},
+                        made_by={"config": cfg.name, "fingerprint": config_fingerprint(cfg)})
     print_summary(f"{cfg.name}: tokens per split -> {blend}",
                   {f"{s} documents / tokens": f"{c['documents']:,} / {c['tokens']:,}" for s, c in counts.items()})
     keys = ("documents", "tokens", "dtype", "tokens_per_document")

@@ -59,3 +59,36 @@ def test_a_different_config_never_overwrites_a_run(tmp_path, capsys):
     assert "held a different run (schedule.train_iters): moved to" in out and "checkpoint.load=" in out
     kept = list(tmp_path.glob("run-*"))
     assert len(kept) == 1 and (kept[0] / "metrics.jsonl").read_text() == "{}\n" and list(run_dir.iterdir()) == []
+
+
+def test_a_blend_written_by_other_settings_or_inputs_is_rebuilt(tmp_path):
+    """blend.json records the preprocessing config and inputs that wrote it (made_by); make pretrain reruns the
+    pipeline when today's differ (its markers then redo only what changed), not only when the blend is missing."""
+    import json as json_
+    import time as time_
+
+    from launch.__main__ import blend_to_build
+    from preprocessing.blend import write_blend
+    from preprocessing.cli import load_config
+    from preprocessing.stages import config_fingerprint
+    from pretrain.config.compose import load_recipe
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json_.dumps({"text": "some text"}) + "\n")
+    conf = tmp_path / "pre.yaml"
+
+    def config(threshold):
+        conf.write_text(f"name: mine\nwork_dir: {tmp_path / 'work'}\noutput_dir: {tmp_path / 'out'}\n"
+                        f"input:\n  paths: [{corpus}]\ndedup:\n  threshold: {threshold}\n"
+                        f"tokenizer:\n  type: hf\n  path: {tmp_path / 'tok'}\n")
+        return load_config(str(conf))
+    write_blend(tmp_path / "out" / "blend.json", {"train": [(1.0, "train_text_document")]},
+                made_by={"config": "mine", "fingerprint": config_fingerprint(config(0.5))})
+    job = load_recipe("gpt-tiny", [f"data.blend={tmp_path / 'out' / 'blend.json'}", f"data.preprocess={conf}"])
+    assert blend_to_build(job) is None                                  # written by today's config and inputs
+    config(0.7)
+    _, why = blend_to_build(job)
+    assert "was written by preprocessing config 'mine' with other settings or inputs" in why
+    config(0.5)
+    time_.sleep(0.01)
+    corpus.write_text(json_.dumps({"text": "other text"}) + "\n")       # the same config, new input
+    assert blend_to_build(job) is not None
