@@ -20,22 +20,13 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch.distributed as dist
-import xxhash
 
 from common.digest import file_digest as sha256
+from common.digest import xxh3
 
 from ..dist import rank, world_size
 
 WriterOf = Callable[[str], Optional[int]]      # a file's path in the engine directory -> the rank that wrote it
-CHUNK = 8 << 20
-
-
-def xxh3(path: Path) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def shares(sizes: Dict[str, int], world: int, writer_of: Optional[WriterOf] = None) -> List[List[str]]:

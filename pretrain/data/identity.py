@@ -14,10 +14,10 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from common.digest import xxh3
 from preprocessing.blend import read_blend
 from preprocessing.indexed_io import DTYPE_CODES, HEADER
 
-from ..checkpoint.integrity import xxh3
 from ..config.schema import JobConfig
 
 
