@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from common.files import write_atomic
+
 ENV_PREFIXES = ("NCCL_", "CUDA_", "SLURM_", "OMP_", "MASTER_", "TORCH_", "PYTORCH_", "NVTE_", "CUBLAS_", "GLOO_")
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,5 +71,5 @@ def record(run_dir: Path) -> Path | None:
             "git_status": _run(["git", "status", "--porcelain"]).splitlines(), "versions": versions(),
             "ranks": hosts, "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}}
     path = out / f"start-{start}.json"
-    path.write_text(json.dumps(info, indent=1))
+    write_atomic(path, json.dumps(info, indent=1))
     return path

@@ -16,9 +16,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable, Optional
+
+from common.files import write_atomic
 
 from ..report import read_jsonl
 from .base import Tracker
@@ -80,9 +81,7 @@ class Trackers:
             self.floor[name] = max(held.values(), default=-1) + 1 if tracker.steps_increase else 0
             self.sent[name] = held
         if stored:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(stored, indent=1))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(stored, indent=1))
 
     # ---- what Metrics calls -------------------------------------------------------------
     def record(self, record: dict) -> None:
