@@ -105,8 +105,9 @@ def test_no_process_outlives_a_run_finished_or_killed(tmp_path):
     import time
 
     from tests.training import training_command, training_env
-    base = ["data=mock", "checkpoint.save_interval=1", "schedule.train_iters=4"]
-    for name, extra in (("finished", []), ("killed", ["fault.hang_at_step=3"])):
+    base = ["data=mock", "checkpoint.save_interval=1"]
+    for name, extra in (("finished", ["schedule.train_iters=1"]), ("killed", ["schedule.train_iters=4",
+                                                                              "fault.hang_at_step=3"])):
         marker = f"PRETRAIN_TEST_RUN={name}-{os.getpid()}"
         env = dict(training_env(), PRETRAIN_TEST_RUN=marker.split("=", 1)[1])
         run_dir = tmp_path / name

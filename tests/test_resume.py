@@ -173,9 +173,9 @@ def test_a_marker_never_records_other_markers_or_a_missing_output(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_whose_checkpoints_all_fail_verification_stops_instead_of_starting_over(tmp_path):
-    """Every checkpoint damaged (here: truncated shards): the relaunch stops (the trainer exits 3) with a report, keeps
-    them aside, and stops again on the next relaunch (the set-aside copies still say there was a run);
-    checkpoint.on_all_damaged=restart trains from step 0 on purpose, recorded as an event."""
+    """Every checkpoint damaged (here: truncated shards): the relaunch stops (the trainer exits 3) with a report and
+    keeps them aside; checkpoint.on_all_damaged=restart trains from step 0 on purpose, recorded as an event. (That
+    the next relaunch stops again, the set-aside copies saying there was a run: the unit test below.)"""
     from tests.training import run_training
     run_dir = tmp_path / "run"
     common = ["data=mock", "schedule.train_iters=2", "checkpoint.save_interval=1", "checkpoint.keep_last=0"]
@@ -184,14 +184,13 @@ def test_a_run_whose_checkpoints_all_fail_verification_stops_instead_of_starting
         for shard in (run_dir / "checkpoints" / f"step_{step:08d}" / "model_optim_rng").glob("*.distcp"):
             shard.write_bytes(shard.read_bytes()[:10])
     (run_dir / "final.json").unlink()
-    for attempt in (1, 2):
-        res = run_training(run_dir, common, nproc=1)
-        stopped = re.search(r"exitcode\s*:\s*3\b", res.stderr)        # the trainer's 3, in torchrun's report
-        assert res.returncode != 0 and stopped and "STOPPED: no checkpoint under" in res.stderr, (attempt, res.stderr)
-        assert "on_all_damaged=restart" in res.stderr
+    res = run_training(run_dir, common, nproc=1)
+    stopped = re.search(r"exitcode\s*:\s*3\b", res.stderr)            # the trainer's 3, in torchrun's report
+    assert res.returncode != 0 and stopped and "STOPPED: no checkpoint under" in res.stderr, res.stderr[-2000:]
+    assert "on_all_damaged=restart" in res.stderr
     assert len(list((run_dir / "checkpoints").glob("step_*.damaged-*"))) == 2
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert [e.get("action") for e in events if e["kind"] == "checkpoint_skipped"] == ["stop", "stop"]
+    assert [e.get("action") for e in events if e["kind"] == "checkpoint_skipped"] == ["stop"]
     res = run_training(run_dir, [*common, "checkpoint.on_all_damaged=restart"], nproc=1)
     assert res.returncode == 0, res.stderr[-2000:]
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
@@ -241,8 +240,8 @@ def test_a_checkpoint_records_its_data_and_tells_what_changed(tmp_path):
 @pytest.mark.slow
 def test_a_resume_on_other_data_is_refused_unless_asked_for(tmp_path):
     """Preprocessed again into the same prefixes, the data would be read from the checkpoint's position in
-    another order: the resume stops (exit 3) naming the change; checkpoint.allow_data_change=true continues and
-    records a data_changed event."""
+    another order: the resume stops (exit 3) naming the change. (checkpoint.allow_data_change: the unit test
+    below.)"""
     from tests.training import run_training
     words = [f"w{i}" for i in range(200)]
     data = tmp_path / "data"
@@ -262,11 +261,7 @@ def test_a_resume_on_other_data_is_refused_unless_asked_for(tmp_path):
     res = run_training(run_dir, [*common, "schedule.train_iters=3"], nproc=1)
     assert res.returncode != 0 and re.search(r"exitcode\s*:\s*3\b", res.stderr), res.stderr[-2000:]
     assert "was saved on other data" in res.stderr and "train_text_document: documents 40 -> 50" in res.stderr
-    res = run_training(run_dir, [*common, "schedule.train_iters=3", "checkpoint.allow_data_change=true"], nproc=1)
-    assert res.returncode == 0, res.stderr[-2000:]
-    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-    [changed] = [e for e in events if e["kind"] == "data_changed"]
-    assert changed["step"] == 2 and changed["changes"][0].startswith("train_text_document: documents 40 -> 50")
+
 
 
 def test_a_marker_catches_damage_in_the_middle_of_a_large_output(tmp_path, capsys):
@@ -288,3 +283,39 @@ def test_a_marker_catches_damage_in_the_middle_of_a_large_output(tmp_path, capsy
     old["outputs"] = {"big.bin": {"bytes": out.stat().st_size, "sample": sample_digest(out)}}
     marker.path.write_text(json.dumps(old))
     assert marker.done(announce=False) == {"n": 1}                 # its ends stand: what it could check, it did
+
+
+def loop_stub(tmp_path, **checkpoint):
+    """What Trainer's resume rules read: a store, the checkpoint section, the event sink, the run's data record."""
+    from types import SimpleNamespace
+
+    from pretrain.checkpoint.store import CheckpointStore
+    events = []
+    return SimpleNamespace(store=CheckpointStore(tmp_path), cfg=SimpleNamespace(
+        checkpoint=SimpleNamespace(**checkpoint), data=SimpleNamespace(blend="blend.json")),
+        metrics=SimpleNamespace(event=events.append), log=lambda text: None, events=events,
+        data_identity={"sources": {"train_text_document": {"documents": 50}}, "tokenizer": {}})
+
+
+def test_set_aside_checkpoints_keep_stopping_relaunches_and_a_data_change_is_allowed_only_on_purpose(tmp_path):
+    from types import SimpleNamespace
+
+    from pretrain.checkpoint.store import Decision
+    from pretrain.loop import RunStopped, Trainer
+    stub = loop_stub(tmp_path, on_all_damaged="stop", allow_data_change=False)
+    stub._announce = lambda kind, decision, step, **fields: stub.events.append({"kind": kind, **fields})
+    Trainer._nothing_verified(stub, Decision(None, []))                   # a new run: nothing to say
+    (tmp_path / "step_00000002.damaged-1").mkdir()                        # an earlier resume set it aside
+    with pytest.raises(RunStopped, match="step_00000002.damaged-1"):
+        Trainer._nothing_verified(stub, Decision(None, []))               # the next relaunch stops again
+    stub.cfg.checkpoint.on_all_damaged = "restart"
+    Trainer._nothing_verified(stub, Decision(None, []))
+    assert stub.events[-1]["action"].startswith("start from step 0") and stub.events[-1]["set_aside"]
+    found = SimpleNamespace(path=tmp_path / "step_00000002", meta={
+        "loop": {"step": 2}, "data": {"sources": {"train_text_document": {"documents": 40}}, "tokenizer": {}}})
+    with pytest.raises(RunStopped, match="train_text_document: documents 40 -> 50"):
+        Trainer._same_data(stub, found)
+    stub.cfg.checkpoint.allow_data_change = True
+    Trainer._same_data(stub, found)
+    assert stub.events[-1] == {"kind": "data_changed", "step": 2, "checkpoint": str(found.path),
+                               "changes": ["train_text_document: documents 40 -> 50"]}

@@ -37,7 +37,8 @@ BASE = [f"schedule.train_iters={STEPS}", "batch.global_batch_size=16", "batch.mi
 LAYOUTS = {"tp2": ["parallel=tp2"], "tp2-sp": ["parallel=tp2-sp"], "pp2": ["parallel=pp2"],
            "dp2-distopt": ["parallel=dist-opt"],
            # the GPU recipes' data-parallel layouts: gradient reduce (and parameter gather) overlapped
-           "dp2-overlap": ["parallel=dp-overlap"], "dp2-distopt-overlap": ["parallel=dist-opt-overlap"]}
+           "dp2-overlap": ["parallel=dp-overlap", "schedule.train_iters=10", f"schedule.lr_decay={STEPS}"],
+           "dp2-distopt-overlap": ["parallel=dist-opt-overlap"]}
 SAVE_AT = 15            # one checkpoint per layout run (the next multiple is past STEPS)
 
 
