@@ -86,11 +86,19 @@ def ensure_data(job, local: bool = True) -> List[str]:
     return ids
 
 
+# Where and how a job is launched, not what it trains: a resubmission with another partition, time limit,
+# account, container or health threshold (or a default of these changed by an upgrade) is the same run.
+LAUNCH_ONLY = ("cluster.",)
+SAME_RUN_CLUSTER = ("cluster.nodes", "cluster.devices_per_node", "cluster.gpu_type")
+
+
 def prepare_run_dir(job, run_dir: Path) -> None:
-    """Same config as the run already there: continue it (the trainer resumes from its newest
-    checkpoint). Different config: keep the old run untouched under a new name and start fresh."""
+    """Same config as the run already there (launch settings aside): continue it (the trainer resumes from
+    its newest checkpoint). Different config: keep the old run untouched under a new name and start fresh."""
     old = run_dir / "config.yaml"
     diff = config_diff(old.read_text(), job) if old.exists() else None
+    if diff:
+        diff = [d for d in diff if not d[0].startswith(LAUNCH_ONLY) or d[0] in SAME_RUN_CLUSTER]
     if old.exists() and not diff:
         print(f">> {run_dir} holds this run: continuing it from its newest checkpoint", flush=True)
         return
