@@ -235,6 +235,7 @@ def test_a_run_restarting_below_damaged_checkpoints_keeps_its_new_saves(tmp_path
     moved = store.set_aside(decision.skipped)
     assert sorted(p.name.split(".")[0] for p in moved) == ["step_00001000", "step_00002000", "step_00003000"]
     assert all(p.is_dir() and ".damaged-" in p.name for p in moved) and len(said) == 3
+    assert "does not match its xxh3 digest" in (moved[0] / "DAMAGED.txt").read_text()        # the reason kept
     for step in (100, 200, 300):
         fake_save(store, step)
     assert [p.name for p in store.complete()] == ["step_00000300", "step_00000200"]

@@ -166,7 +166,7 @@ class CheckpointStore:
 
     def set_aside(self, skipped: List[Tuple[str, str]]) -> List[Path]:
         """The damaged checkpoints a resume passed over leave the candidates and retention: each of this
-        root's step_N becomes step_N.damaged-<time>, kept for inspection (a transient size or digest error
+        root's step_N becomes step_N.damaged-<time> with the reason in DAMAGED.txt, kept for inspection (a transient size or digest error
         on a parallel file system loses nothing: rename it back). Left in place, they would count as the
         newest saves, and retention would delete every new save of the run that restarted below them.
         Collective in a distributed run (rank 0 renames)."""
@@ -178,6 +178,7 @@ class CheckpointStore:
                 if old.parent.resolve() == self.root.resolve() and old.is_dir():
                     new = old.with_name(f"{old.name}.damaged-{stamp}")
                     old.rename(new)
+                    write_atomic(new / "DAMAGED.txt", f"{why}\n")       # the reason stays with the files
                     moved.append(new)
                     self.log(f">> moved the damaged {old} aside to {new.name} ({why}); it is kept, and no longer "
                              "counts as a checkpoint")
