@@ -166,10 +166,10 @@ class CheckpointStore:
 
     def set_aside(self, skipped: List[Tuple[str, str]]) -> List[Path]:
         """The damaged checkpoints a resume passed over leave the candidates and retention: each of this
-        root's step_N becomes step_N.damaged-<time> with the reason in DAMAGED.txt, kept for inspection (a transient size or digest error
-        on a parallel file system loses nothing: rename it back). Left in place, they would count as the
-        newest saves, and retention would delete every new save of the run that restarted below them.
-        Collective in a distributed run (rank 0 renames)."""
+        root's step_N becomes step_N.damaged-<time> with the reason in DAMAGED.txt, kept for inspection
+        (a transient size or digest error on a parallel file system loses nothing: rename it back). Left in
+        place, they would count as the newest saves, and retention would delete every new save of the run
+        that restarted below them. Collective in a distributed run (rank 0 renames)."""
         moved = []
         if rank() == 0:
             stamp = int(time.time())
