@@ -171,35 +171,6 @@ def test_a_marker_never_records_other_markers_or_a_missing_output(tmp_path):
     assert Marker(tmp_path, "none", "fp").done() is None
 
 
-@pytest.mark.slow
-def test_a_run_whose_checkpoints_all_fail_verification_stops_instead_of_starting_over(tmp_path):
-    """Every checkpoint damaged (here: truncated shards): the relaunch stops (the trainer exits 3) with a report and
-    keeps them aside; checkpoint.on_all_damaged=restart trains from step 0 on purpose, recorded as an event. (That
-    the next relaunch stops again, the set-aside copies saying there was a run: the unit test below.)"""
-    from tests.training import run_training
-    run_dir = tmp_path / "run"
-    common = ["data=mock", "schedule.train_iters=2", "checkpoint.save_interval=1", "checkpoint.keep_last=0"]
-    assert run_training(run_dir, common, nproc=1).returncode == 0
-    for step in (1, 2):
-        for shard in (run_dir / "checkpoints" / f"step_{step:08d}" / "model_optim_rng").glob("*.distcp"):
-            shard.write_bytes(shard.read_bytes()[:10])
-    (run_dir / "final.json").unlink()
-    res = run_training(run_dir, common, nproc=1)
-    stopped = re.search(r"exitcode\s*:\s*3\b", res.stderr)            # the trainer's 3, in torchrun's report
-    assert res.returncode != 0 and stopped and "STOPPED: no checkpoint under" in res.stderr, res.stderr[-2000:]
-    assert "on_all_damaged=restart" in res.stderr
-    assert len(list((run_dir / "checkpoints").glob("step_*.damaged-*"))) == 2
-    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert [e.get("action") for e in events if e["kind"] == "checkpoint_skipped"] == ["stop"]
-    res = run_training(run_dir, [*common, "checkpoint.on_all_damaged=restart"], nproc=1)
-    assert res.returncode == 0, res.stderr[-2000:]
-    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert events[-1]["action"].startswith("start from step 0") and len(events[-1]["set_aside"]) == 2
-    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if '"train"' in x]
-    assert steps == [1, 2, 1, 2]                                   # the first run, then the restart from 0
-
-
 def tiny_blend(root, docs_by_split):
     """A blend of three splits tokenized with a small BPE trained on the spot; returns blend.json's path."""
     from preprocessing.blend import write_blend
@@ -238,51 +209,51 @@ def test_a_checkpoint_records_its_data_and_tells_what_changed(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resume_on_other_data_is_refused_unless_asked_for(tmp_path):
-    """Preprocessed again into the same prefixes, the data would be read from the checkpoint's position in
-    another order: the resume stops (exit 3) naming the change. (checkpoint.allow_data_change: the unit test
-    below.)"""
+def test_a_resume_on_other_data_or_from_only_damaged_checkpoints_stops(tmp_path):
+    """Two refusals of a real relaunch (the trainer exits 3, its report in the log):
+    - the blend preprocessed again into the same prefixes: the data would be read from the checkpoint's position in
+      another order; the change is named (checkpoint.allow_data_change: the unit test below);
+    - every checkpoint damaged (truncated shards): no silent start from step 0; they are kept aside with the reason
+      (the next relaunch stopping again, and on_all_damaged=restart: the unit test below)."""
+    from preprocessing.config import TokenizeConfig
+    from preprocessing.tokenize_indexed import tokenize_to_indexed
+    from preprocessing.tokenizer_io import load_tokenizer
     from tests.training import run_training
     words = [f"w{i}" for i in range(200)]
     data = tmp_path / "data"
     blend = tiny_blend(data, {s: [" ".join(words)] * 40 for s in ("train", "valid", "test")})
     run_dir = tmp_path / "run"
     common = [f"data.blend={blend}", f"data.tokenizer.path={data / 'tok'}", "model.seq_length=32",
-              "checkpoint.save_interval=2", "eval.eval_interval=0", "eval.final_test=false"]
+              "checkpoint.save_interval=1", "checkpoint.keep_last=0", "eval.eval_interval=0", "eval.final_test=false"]
     assert run_training(run_dir, [*common, "schedule.train_iters=2"], nproc=1).returncode == 0
+    (run_dir / "final.json").unlink()
+
+    def relaunch_stops(why):
+        res = run_training(run_dir, [*common, "schedule.train_iters=3"], nproc=1)
+        stopped = re.search(r"exitcode\s*:\s*3\b", res.stderr)       # the trainer's 3, in torchrun's report
+        assert res.returncode != 0 and stopped and why in res.stderr, res.stderr[-2000:]
+        return res.stderr
+
+    original = {ext: (data / f"train_text_document.{ext}").read_bytes() for ext in ("bin", "idx", "json")}
     (data / "train.jsonl").write_text("".join(json.dumps({"text": " ".join(words[:60])}) + "\n" for _ in range(50)))
-    from preprocessing.config import TokenizeConfig
-    from preprocessing.tokenize_indexed import tokenize_to_indexed
-    from preprocessing.tokenizer_io import load_tokenizer
-    for ext in ("bin", "idx", "json"):
+    for ext in original:
         (data / f"train_text_document.{ext}").unlink()
     tokenize_to_indexed(InputConfig(paths=[str(data / "train.jsonl")]), load_tokenizer("hf", data / "tok"),
                         data / "train_text_document", TokenizeConfig(workers=1))
-    res = run_training(run_dir, [*common, "schedule.train_iters=3"], nproc=1)
-    assert res.returncode != 0 and re.search(r"exitcode\s*:\s*3\b", res.stderr), res.stderr[-2000:]
-    assert "was saved on other data" in res.stderr and "train_text_document: documents 40 -> 50" in res.stderr
+    err = relaunch_stops("was saved on other data")
+    assert "train_text_document: documents 40 -> 50" in err and "checkpoint.allow_data_change=true" in err
 
-
-
-def test_a_marker_catches_damage_in_the_middle_of_a_large_output(tmp_path, capsys):
-    """Markers digest whole files (xxh3): a byte changed in the middle of a 4 MiB output, where the old sample
-    digest (first and last 64 KiB) looked, is caught and the step redone; a marker of the old kind still reads."""
-    from preprocessing.markers import sample_digest
-    out = tmp_path / "big.bin"
-    out.write_bytes(os.urandom(4 << 20))
-    marker = Marker(tmp_path, "step", "fp")
-    marker.mark({"n": 1}, outputs=[out])
-    assert marker.done(announce=False) == {"n": 1}
-    with open(out, "r+b") as f:
-        f.seek(2 << 20)
-        byte = f.read(1)
-        f.seek(2 << 20)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    assert marker.done() is None and "its xxh3 digest differs" in capsys.readouterr().err
-    old = json.loads(marker.path.read_text())                       # a marker written by an older version
-    old["outputs"] = {"big.bin": {"bytes": out.stat().st_size, "sample": sample_digest(out)}}
-    marker.path.write_text(json.dumps(old))
-    assert marker.done(announce=False) == {"n": 1}                 # its ends stand: what it could check, it did
+    for ext, body in original.items():                                # the data it trained on, restored
+        (data / f"train_text_document.{ext}").write_bytes(body)
+    for step in (1, 2):
+        for shard in (run_dir / "checkpoints" / f"step_{step:08d}" / "model_optim_rng").glob("*.distcp"):
+            shard.write_bytes(shard.read_bytes()[:10])
+    err = relaunch_stops("STOPPED: no checkpoint under")
+    assert "on_all_damaged=restart" in err
+    aside = sorted((run_dir / "checkpoints").glob("step_*.damaged-*"))
+    assert len(aside) == 2 and all("bytes" in (p / "DAMAGED.txt").read_text() for p in aside)
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e.get("action") for e in events if e["kind"] == "checkpoint_skipped"] == ["stop"]
 
 
 def loop_stub(tmp_path, **checkpoint):
