@@ -27,8 +27,17 @@ def log(text: str) -> None:
 
 def from_rank0(value: Callable[[], object]) -> object:
     """value() on rank 0 only (one reader of files that ranks reading apart could see differently, or that
-    would cost every rank the same read), its result on every rank."""
-    box = [value() if rank() == 0 else None]
+    would cost every rank the same read), its result on every rank; an exception it raises is raised on every
+    rank (a rank-0-only failure left the others blocked in the broadcast until the collective timeout)."""
+    box = [None]
+    if rank() == 0:
+        try:
+            box = [("ok", value())]
+        except Exception as err:       # raised on every rank: the others must not wait in the broadcast forever
+            box = [("error", err)]
     if world_size() > 1:
         dist.broadcast_object_list(box, src=0)
-    return box[0]
+    kind, result = box[0]
+    if kind == "error":
+        raise result
+    return result

@@ -319,3 +319,14 @@ def test_every_shard_is_made_durable_before_the_rename_that_publishes_it(tmp_pat
     store.commit(7, {"loop": {"step": 7}})
     assert sorted(n for kind, n in events if kind == "fsync") == [".metadata", "__0_0.distcp", "common.pt"]
     assert events[-1] == ("rename", "step_00000007.tmp")              # after every fsync
+
+
+def test_a_rank0_reading_that_fails_raises_its_error_not_a_hang():
+    """pretrain/dist.from_rank0 (checkpoint scans, the data record): rank 0's exception is handed to every rank."""
+    from pretrain.dist import from_rank0
+    assert from_rank0(lambda: 7) == 7
+
+    def unreadable():
+        raise OSError("tokenizer file unreadable")
+    with pytest.raises(OSError, match="tokenizer file unreadable"):
+        from_rank0(unreadable)
