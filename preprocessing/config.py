@@ -14,7 +14,10 @@ from omegaconf import MISSING
 from common.config import doc
 from common.slurm_values import JobStepConfig
 
-STAGE_NAMES = ("prepare", "signatures", "buckets", "verify", "clusters", "write", "filter", "tokenize", "merge")
+from .evalsets import DEFAULT_BIGBENCH
+
+STAGE_NAMES = ("prepare", "signatures", "buckets", "verify", "clusters", "write", "filter", "decontaminate", "split",
+               "tokenize", "merge")
 
 
 @dataclass
@@ -50,10 +53,84 @@ class DedupConfig:
     shards: int = doc(4, "Document shards: the signatures, verify and write steps run one task (SLURM array "
                          "task) per shard, each reading only its bytes of a plain JSONL input.")
     bucket_tasks: int = doc(4, "LSH bucket tasks: task t groups the t-th slice of band-hash space of every band.")
+    component_tasks: int = doc(4, "Tasks of each phase of the clusters step's connected components, each holding "
+                                  "only its share of the nodes' edges (~300 B x edges / tasks: raise with the "
+                                  "corpus).")
     max_bucket_size: int = doc(10_000, "An LSH bucket of more documents pairs only its first this many (counted "
                                        "and reported; exact copies are never capped).")
     workers: int = doc(2, "Local worker processes for the sharded dedup steps.")
     lowercase: bool = doc(True, "Lowercase words before shingling.")
+
+
+@dataclass
+class LanguageConfig:
+    """The `language` filter (preprocessing/quality/language.py, py3langid; docs/preprocessing.md)."""
+    keep: List[str] = doc(None, "Language codes (ISO 639-1, as py3langid names them) a kept document's top "
+                                "language must be one of.", factory=lambda: ["en"])
+    min_score: float = doc(0.65, "Drop a document whose top-language probability is below this (datatrove/FineWeb's "
+                                 "0.65; py3langid's probability, not fastText's).")
+    max_chars: int = doc(2000, "Characters from the start of the text given to the model (cost grows with them); "
+                               "0: the whole text.")
+
+
+@dataclass
+class GopherQualityConfig:
+    """`gopher_quality`: datatrove 0.10.1 GopherQualityFilter's defaults (words: spaCy English tokens); 0 disables."""
+    min_doc_words: int = doc(50, "Drop documents with fewer non-symbol words (a word not made only of punctuation).")
+    max_doc_words: int = doc(100_000, "Drop documents with more non-symbol words.")
+    min_avg_word_length: float = doc(3, "Drop documents whose mean non-symbol word length is below this.")
+    max_avg_word_length: float = doc(10, "Drop documents whose mean non-symbol word length is above this.")
+    max_symbol_word_ratio: float = doc(0.1, "Max '#' count, and max '...'+'…' count, per word (all tokens).")
+    max_bullet_lines_ratio: float = doc(0.9, "Max fraction of lines (str.splitlines) starting with '•' or '-'.")
+    max_ellipsis_lines_ratio: float = doc(0.3, "Max fraction of lines ending with '...' or '…'.")
+    min_alpha_words_ratio: float = doc(0.8, "Min fraction of tokens holding a letter (datatrove's "
+                                             "max_non_alpha_words_ratio, a minimum despite its name).")
+    min_stop_words: int = doc(2, "Min count of distinct stop words among the tokens (case-sensitive).")
+    stop_words: List[str] = doc(None, "Gopher's stop words.",
+                                factory=lambda: ["the", "be", "to", "of", "and", "that", "have", "with"])
+
+
+@dataclass
+class GopherRepetitionConfig:
+    """`gopher_repetition`: datatrove 0.10.1 GopherRepetitionFilter's defaults (Gopher Table A1); 0 disables."""
+    dup_line_frac: float = doc(0.3, "Max fraction of lines (split on newline runs) repeating an earlier line.")
+    dup_para_frac: float = doc(0.3, "Max fraction of paragraphs (split on 2+ newlines) repeating an earlier one.")
+    dup_line_char_frac: float = doc(0.2, "Max characters in repeated lines over the document's characters.")
+    dup_para_char_frac: float = doc(0.2, "Max characters in repeated paragraphs over the document's characters.")
+    top_n_grams: Dict[str, float] = doc(None, "n -> max characters of the most frequent word n-gram (times its "
+                                              "count) over the document's characters.",
+                                        factory=lambda: {"2": 0.2, "3": 0.18, "4": 0.16})
+    dup_n_grams: Dict[str, float] = doc(None, "n -> max characters in repeated word n-grams over the document's "
+                                              "characters.", factory=lambda: {"5": 0.15, "6": 0.14, "7": 0.13,
+                                                                              "8": 0.12, "9": 0.11, "10": 0.10})
+
+
+@dataclass
+class C4Config:
+    """`c4`: datatrove 0.10.1 C4QualityFilter's defaults (split_paragraph=True: one line at a time).
+
+    Drop-only: the kept document keeps its text; datatrove also rewrites it to the kept lines."""
+    remove_citations: bool = doc(True, "Remove [1], [edit], [citation needed] before the line checks.")
+    filter_no_terminal_punct: bool = doc(True, "A line not ending in . ? ! \" ' (or ending in ...) does not count.")
+    min_num_sentences: int = doc(5, "Drop documents with fewer sentences in their counted lines (-1: off).")
+    min_words_per_line: int = doc(3, "A line with fewer whitespace-separated words does not count (-1: off).")
+    max_word_length: int = doc(1000, "A line with a longer word does not count (-1: off).")
+    filter_lorem_ipsum: bool = doc(True, "Drop documents with 'lorem ipsum' in a counted line.")
+    filter_javascript: bool = doc(True, "A line mentioning 'javascript' does not count.")
+    filter_curly_bracket: bool = doc(True, "Drop documents with '{' in a counted line.")
+    filter_policy: bool = doc(True, "A line with 'terms of use', 'privacy policy', 'cookie policy', 'uses cookies', "
+                                    "'use of cookies' or 'use cookies' does not count.")
+
+
+@dataclass
+class FineWebConfig:
+    """`fineweb`: datatrove 0.10.1 FineWebQualityFilter's defaults (over the non-blank lines)."""
+    line_punct_thr: float = doc(0.12, "Drop documents with a smaller fraction of lines ending in terminal punctuation.")
+    line_punct_exclude_zero: bool = doc(False, "Keep documents where no line ends in terminal punctuation.")
+    short_line_thr: float = doc(0.67, "Drop documents with a larger fraction of short lines.")
+    short_line_length: int = doc(30, "A line of at most this many characters is short.")
+    char_duplicates_ratio: float = doc(0.01, "Max characters in repeated lines over the characters without newlines.")
+    new_line_ratio: float = doc(0.3, "Max newlines per word (spaCy English tokens).")
 
 
 @dataclass
@@ -79,6 +156,54 @@ class FilterConfig:
     max_dup_ngram_char_fraction: Dict[str, float] = doc(None, "n -> max char fraction in repeated n-grams.",
                                                          factory=lambda: {"5": 0.15, "6": 0.14, "7": 0.13,
                                                                           "8": 0.12, "9": 0.11, "10": 0.10})
+    gopher_quality: GopherQualityConfig = doc(None, "Filter `gopher_quality` (datatrove parity).",
+                                              factory=GopherQualityConfig)
+    gopher_repetition: GopherRepetitionConfig = doc(None, "Filter `gopher_repetition` (datatrove parity).",
+                                                    factory=GopherRepetitionConfig)
+    c4: C4Config = doc(None, "Filter `c4` (datatrove parity, drop-only).", factory=C4Config)
+    fineweb: FineWebConfig = doc(None, "Filter `fineweb` (datatrove parity).", factory=FineWebConfig)
+    language: LanguageConfig = doc(None, "Settings of the `language` filter.", factory=LanguageConfig)
+    shards: int = doc(4, "Parts (array tasks) of the document passes (filter, decontaminate) when dedup is off; "
+                         "with dedup they are its dedup.shards parts.")
+
+
+@dataclass
+class PIIConfig:
+    """The `pii` transform (preprocessing/pii.py): personal data in kept documents -> placeholders (Dolma's)."""
+    kinds: List[str] = doc(None, "What is replaced: any of 'email', 'ipv4', 'ipv6', 'phone'.",
+                           factory=lambda: ["email", "ipv4", "ipv6", "phone"])
+    email_placeholder: str = doc("|||EMAIL_ADDRESS|||", "Replaces an e-mail address (datatrove: email@example.com).")
+    ip_placeholder: str = doc("|||IP_ADDRESS|||", "Replaces a public IPv4 or IPv6 address.")
+    phone_placeholder: str = doc("|||PHONE_NUMBER|||", "Replaces a phone number.")
+    public_ips_only: bool = doc(True, "Replace only public IPs (datatrove's only_remove_public_ips); private, "
+                                      "loopback, link-local, documentation and reserved ones stay.")
+
+
+@dataclass
+class EvalFileConfig:
+    """A user eval set for decontamination: JSONL, one item per line."""
+    path: str = doc(MISSING, "The JSONL file.")
+    fields: List[str] = doc(None, "Fields of an item's text: its input first, then its answers (a list field gives "
+                                  "one answer per element).", factory=lambda: ["input"])
+    name: Optional[str] = doc(None, "Its task name in the report (null: the file name without .jsonl).")
+
+
+@dataclass
+class DecontaminateConfig:
+    """Benchmark decontamination (preprocessing/decontaminate.py, docs/preprocessing.md#decontamination)."""
+    enabled: bool = doc(False, "Remove (or mask) training documents that contain eval items' n-grams.")
+    ngram: int = doc(13, "Words per n-gram (GPT-3's and Llama's 13), over lowercased words stripped of punctuation.")
+    tasks: List[str] = doc(None, "BIG-bench tasks of bigbench==1.0.0 (those `make eval-data` writes).",
+                           factory=lambda: list(DEFAULT_BIGBENCH))
+    eval_files: List[EvalFileConfig] = doc(None, "User eval sets (JSONL) decontaminated against too.", factory=list)
+    item_text: str = doc("input+answers", "What of an item is indexed: 'input', or 'input+answers' (the input, and "
+                                          "the input followed by each target/choice, as GPT-3 took context plus "
+                                          "completion).")
+    min_item_words: int = doc(8, "An item text shorter than `ngram` words but this long counts as one n-gram of its "
+                                 "own length (the whole text must appear); shorter ones are skipped and counted.")
+    min_ngrams: int = doc(1, "A document is contaminated from this many matching n-gram positions on.")
+    action: str = doc("remove", "'remove' the document (into the side file) or 'mask' the matching spans.")
+    mask: str = doc("", "With action=mask: what replaces each matching span ('' deletes it).")
 
 
 @dataclass
@@ -142,6 +267,11 @@ class PreprocessConfig:
     normalize: NormalizeConfig = doc(None, "Stage 1.", factory=NormalizeConfig)
     dedup: DedupConfig = doc(None, "Stage 2.", factory=DedupConfig)
     filters: FilterConfig = doc(None, "Stage 3.", factory=FilterConfig)
+    transforms: List[str] = doc(None, "Registered text transforms applied in order to kept documents "
+                                      "(preprocessing.transforms.register_transform).", factory=lambda: ["pii"])
+    pii: PIIConfig = doc(None, "Settings of the `pii` transform.", factory=PIIConfig)
+    decontaminate: DecontaminateConfig = doc(None, "Benchmark decontamination (after the filters, before the split).",
+                                             factory=DecontaminateConfig)
     split: SplitConfig = doc(None, "Held-out splits.", factory=SplitConfig)
     tokenizer: TokenizerSpec = doc(None, "Stage 4.", factory=TokenizerSpec)
     tokenize: TokenizeConfig = doc(None, "Stage 5.", factory=TokenizeConfig)

@@ -14,6 +14,12 @@ itself and is then named in the config, no project file changed:
         return [("too_many_digits", lambda d: sum(c.isdigit() for c in d.text) <= limit * len(d.text))]
 
     # preprocessing config: imports: [my_filters]   filters.names: [gopher, max_digits]
+
+Two optional hooks. A factory may return `Rules(rules, counts)`: `counts` is a Counter its rules
+fill (e.g. documents per language), which `QualityFilter.counts[filter name]` holds for the
+stage's summary. `register_filter(name, problems=fn)`: `fn(filters config)` returns what is wrong
+with the filter's settings, each with its fix; `filter_problems` (config check, QualityFilter)
+adds them, so a bad setting fails before any document is read.
 """
 from __future__ import annotations
 
@@ -48,19 +54,35 @@ class FilterDoc:
 Rule = Tuple[str, Callable[[FilterDoc], bool]]          # (name, passes(doc)): False drops the document
 FilterFactory = Callable[[FilterConfig], Sequence[Rule]]
 
-FILTERS: Registry[FilterFactory] = Registry("quality filter", "filters.names")
+# Every module of preprocessing/quality/ (language ID, the datatrove-parity filters) registers on first look-up.
+FILTERS: Registry[FilterFactory] = Registry("quality filter", "filters.names", discover="preprocessing.quality")
+SETTING_CHECKS: Dict[str, Callable[[FilterConfig], List[str]]] = {}
 
 
-def register_filter(name: str) -> Callable[[FilterFactory], FilterFactory]:
-    """Decorator: register a filter factory `(filters config) -> [(rule name, passes(FilterDoc)), ...]`."""
+class Rules(List[Rule]):
+    """A factory's rules plus `counts`, a Counter they fill, kept as QualityFilter.counts[filter name]."""
+
+    def __init__(self, rules: Sequence[Rule] = (), counts: Optional[Counter] = None):
+        super().__init__(rules)
+        self.counts: Counter = Counter() if counts is None else counts
+
+
+def register_filter(name: str, problems: Optional[Callable[[FilterConfig], List[str]]] = None
+                    ) -> Callable[[FilterFactory], FilterFactory]:
+    """Decorator: register a filter factory `(filters config) -> [(rule name, passes(FilterDoc)), ...]`;
+    `problems(filters config)`, if given, lists what is wrong with its settings (checked while it is named)."""
+    if problems is not None:
+        SETTING_CHECKS[name] = problems
     return FILTERS.register(name)
 
 
 def filter_problems(cfg: FilterConfig) -> List[str]:
-    """Names in `filters.names` that no filter is registered under, with the fix."""
-    return [f"filters.names: {name!r} is not a registered quality filter. Registered: {list(FILTERS.names())}. Fix: "
-            f"pick one of those, or register one with @preprocessing.filters.register_filter({name!r}) in a module "
-            "listed in the config's `imports`." for name in cfg.names if name not in FILTERS]
+    """Names in `filters.names` that no filter is registered under, and the named filters' setting problems."""
+    out = [f"filters.names: {name!r} is not a registered quality filter. Registered: {list(FILTERS.names())}. Fix: "
+           f"pick one of those, or register one with @preprocessing.filters.register_filter({name!r}) in a module "
+           "listed in the config's `imports`." for name in cfg.names if name not in FILTERS]
+    return out + [p for name in dict.fromkeys(cfg.names) if name in FILTERS and name in SETTING_CHECKS
+                  for p in SETTING_CHECKS[name](cfg)]
 
 
 def _ngram_stats(words: List[str], n: int) -> Tuple[float, float]:
@@ -127,13 +149,20 @@ def gopher(cfg: FilterConfig) -> List[Rule]:
 
 
 class QualityFilter:
-    """The rules of every filter in `cfg.names`, in order; `dropped` counts documents per rule."""
+    """The rules of every filter in `cfg.names`, in order; `dropped` counts documents per rule, `counts` holds
+    the Counter of each filter whose factory returned `Rules` (filter name -> e.g. language -> documents)."""
 
     def __init__(self, cfg: FilterConfig):
         problems = filter_problems(cfg)
         if problems:
             raise ConfigError(problems, source="filters")
-        self.rules: List[Rule] = [rule for name in cfg.names for rule in FILTERS.get(name)(cfg)]
+        self.rules: List[Rule] = []
+        self.counts: Dict[str, Counter] = {}
+        for name in cfg.names:
+            made = FILTERS.get(name)(cfg)
+            self.rules.extend(made)
+            if isinstance(made, Rules):
+                self.counts[name] = made.counts
         self.dropped: Dict[str, int] = Counter()
 
     def reject_reason(self, text: str, record: Optional[Dict[str, Any]] = None) -> Optional[str]:
