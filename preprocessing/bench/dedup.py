@@ -74,7 +74,7 @@ def bench_dedup(n_docs: int = 200_000, shards: int = 4, bucket_tasks: int = 4, r
         old_cluster_sigs = tmp / "old-signatures.npz"
         old_signature_file(corpus, old_cluster_sigs)
         (tmp / "old").mkdir()
-        old = _child([py, "-m", "preprocessing.dedup.bench", "--old-cluster", str(corpus), str(old_cluster_sigs),
+        old = _child([py, "-m", "preprocessing.bench.dedup", "--old-cluster", str(corpus), str(old_cluster_sigs),
                       str(tmp / "old")])
         stats["old removed"] = sum(1 for _ in open(tmp / "old" / "removed.jsonl", "rb"))
     return _report(stats, gen_s, cfg, base, rows, old)
@@ -96,8 +96,8 @@ def bound_mib(step: str, docs: float, cfg: DedupConfig, per_doc: Dict[str, float
         "buckets": per_slice * 16 * 6 + pairs_task * 16 * 3,
         # the shard's pairs (3 copies) and, per chunk of pairs, both documents' shingle sets
         "verify": per_doc["pairs"] * shard * (48 + 2 * set_bytes),
-        # edges (33 B) twice as incident lists, sorted copies, the graph: ~250 B per edge; scipy: 24 MiB
-        "clusters": per_doc["edges"] * docs * 250 + (24 << 20),
+        # the edges of one key range of dedup.component_tasks: ~300 B per edge (dedup/components.py)
+        "clusters": per_doc["edges"] * docs / cfg.component_tasks * 300,
         # its spans (16 B per document), removed rows (~200 B with ids), a 16 MiB read buffer
         "write": shard * 16 + per_doc["edges"] * shard * 200 + (16 << 20),
     }[step]) / 2**20
@@ -133,7 +133,8 @@ def _report(stats: dict, gen_s: float, cfg: DedupConfig, base, rows, old) -> Lis
 
 def _extrapolate(n: int, cfg: DedupConfig, base, rows, per_doc, sig_bytes_per_doc) -> List[str]:
     docs, shard_docs = 10**9, 1_000_000
-    big = DedupConfig(**{**vars(cfg), "shards": docs // shard_docs, "bucket_tasks": docs // shard_docs})
+    big = DedupConfig(**{**vars(cfg), "shards": docs // shard_docs, "bucket_tasks": docs // shard_docs,
+                         "component_tasks": docs // shard_docs})
     work = {s: max(0.0, rows[s][1] - base[1]) / n for s in rows}            # CPU s per document, start-up apart
     parallel = sum(v for s, v in work.items() if s != "clusters") * docs
     mem = {s: base[2] + bound_mib(s, docs, big, per_doc) for s in rows}
@@ -141,10 +142,11 @@ def _extrapolate(n: int, cfg: DedupConfig, base, rows, per_doc, sig_bytes_per_do
              f"document, as planted here): dedup.shards = dedup.bucket_tasks = {big.shards:,} "
              f"({shard_docs:,} documents per shard). Memory per task from the bounds above: "
              + ", ".join(f"{s} {mem[s] / 1024:.1f} GiB" for s in STEPS if s != "clusters")
-             + f"; clusters (one job, edges only) {mem['clusters'] / 1024:.0f} GiB. Signature files "
+             + f"; clusters {mem['clusters'] / 1024:.1f} GiB (its phases of {big.component_tasks:,} tasks, "
+             "docs/dedup.md). Signature files "
              f"{sig_bytes_per_doc * docs / 2**40:.1f} TiB. Array steps "
              f"{parallel / 3600:,.0f} CPU hours in {3 * big.shards + big.bucket_tasks:,} tasks; clusters "
-             f"{work['clusters'] * docs / 3600:.1f} h in one process.", "",
+             f"{work['clusters'] * docs / 3600:.1f} CPU hours in one job.", "",
              "| cores | hours, array steps (perfectly parallel) | + clusters |", "| --- | --- | --- |"]
     for cores in (64, 512, 4096):
         lines.append(f"| {cores:,} | {parallel / cores / 3600:.2f} | {work['clusters'] * docs / 3600:.2f} |")

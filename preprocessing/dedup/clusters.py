@@ -1,12 +1,14 @@
-"""Steps 4 and 5: `clusters` (one job: union-find over the verified edges) and `write` (one task per
-document shard: kept and removed parts).
+"""Steps 4 and 5: `clusters` (connected components over the verified edges -> the removed table) and
+`write` (one task per document shard: kept and removed parts).
 
-clusters holds only the edges (connected components with scipy, on the documents that have an
-edge): the earliest document of a component (smallest key = first in input order) is kept and
-is every other member's `duplicate_of`, so no cluster loses all its members. Each removed
-document reports the edge that joined it: the one to its representative when verified, else
-its most similar one. Output: clusters/removed.npy (key, representative key, jaccard,
-containment, method) sorted by key. Memory: the edges (~33 bytes each) and their documents.
+clusters runs components.sharded_components: its phases of dedup.component_tasks tasks each hold one
+share of the nodes' edges, never all edges or all labels (memory per task in that module). In every
+component the earliest document (smallest key = first in input order) is kept and is every other
+member's `duplicate_of`, so no cluster loses all its members. Each removed document reports the
+edge that joined it: the one to its representative when verified, else its most similar one.
+Output: clusters/removed.npy (key, representative key, jaccard, containment, method) sorted by key,
+the table parts concatenated a part at a time. `cluster_edges` is the single-process scipy
+computation it replaced, the reference its tests and benchmark compare it with.
 
 write k re-reads shard k's documents and splits them into parts/kept-k (input records
 unchanged, input order) and parts/removed-k (id, duplicate_of, method, jaccard, containment),
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Dict, List
 
@@ -23,11 +26,11 @@ import numpy as np
 
 from ..config import DedupConfig, InputConfig
 from ..records import BadInput, read_documents
+from .components import REMOVED, sharded_components
 from .minhash import sorted_unique
-from .shards import KEY_BITS, DocShards, edges_path, read_ids, removed_table, rows_of, signature_dir, write_parts
-from .verify import EDGES, METHODS
+from .shards import KEY_BITS, DocShards, read_ids, removed_table, rows_of, signature_dir, write_parts
+from .verify import METHODS
 
-REMOVED = np.dtype([("key", "<u8"), ("rep", "<u8"), ("jaccard", "<f4"), ("containment", "<f4"), ("method", "u1")])
 SIZE_BINS = ((2, 2), (3, 4), (5, 9), (10, 99), (100, None))
 
 
@@ -44,7 +47,7 @@ def components(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def cluster_edges(edges: np.ndarray) -> tuple[np.ndarray, dict]:
-    """The removed table and the cluster size histogram."""
+    """The removed table and the cluster size histogram, in one process (scipy; memory: every edge)."""
     if len(edges) == 0:
         return np.zeros(0, REMOVED), {}
     nodes, labels, rep = components(edges)
@@ -61,26 +64,41 @@ def cluster_edges(edges: np.ndarray) -> tuple[np.ndarray, dict]:
     table = np.zeros(int(first.sum()), REMOVED)
     table["key"], table["rep"] = nodes[x[first]], nodes[rep[x[first]]]
     table["jaccard"], table["containment"], table["method"] = jac[first], con[first], method[first]
-    sizes = np.bincount(np.bincount(labels))
+    return table, size_histogram(np.bincount(np.bincount(labels)))
+
+
+def size_histogram(sizes: np.ndarray) -> dict:
+    """Components per size bin, from sizes[n] = components of n documents."""
     hist = {}
     for lo, hi in SIZE_BINS:
         n = int(sizes[lo:None if hi is None else hi + 1].sum())
         if n:
             hist[f"{lo}" if lo == hi else f"{lo}+" if hi is None else f"{lo}-{hi}"] = n
-    return table, hist
+    return hist
 
 
-def clusters_step(out: Path, cfg: DedupConfig, dest: Path) -> dict:
-    parts = [np.load(edges_path(out, k, cfg)) for k in range(cfg.shards)]
-    edges = np.concatenate(parts) if parts else np.zeros(0, EDGES)
-    table, hist = cluster_edges(edges)
+def clusters_step(out: Path, cfg: DedupConfig, dest: Path, bounds: np.ndarray, edges: int, run=None) -> dict:
+    """The removed table `dest` (np.save format, the bytes `cluster_edges` + np.save give) from the sharded
+    components; `bounds`: components.key_bounds; `edges`: how many the verify tasks found; `run`: as
+    components.sharded_components."""
+    parts, found = sharded_components(out, cfg, bounds, edges, run)
+    counts = [p.stat().st_size // REMOVED.itemsize for p in parts]
+    removed = dict.fromkeys(METHODS[1:], 0)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.stem + ".tmp.npy")
-    np.save(tmp, table)
+    with open(tmp, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(REMOVED),
+                                                 "fortran_order": False, "shape": (sum(counts),)})
+        for path in parts:                  # a part at a time: memory is one range's rows
+            table = np.fromfile(path, dtype=REMOVED)
+            for m in removed:
+                removed[m] += int((table["method"] == METHODS.index(m)).sum())
+            f.write(table.tobytes())
     tmp.replace(dest)
-    removed = {m: int((table["method"] == METHODS.index(m)).sum()) for m in METHODS[1:]}
-    return {"edges": len(edges), "clusters": sum(hist.values()), "cluster sizes": hist,
-            **{f"removed {m}": n for m, n in removed.items()}}
+    shutil.rmtree(parts[0].parent.parent, ignore_errors=True)
+    hist = size_histogram(found["sizes"])
+    return {"edges": found["edges"], "clusters": sum(hist.values()), "cluster sizes": hist,
+            "component phases": found["phases"], **{f"removed {m}": n for m, n in removed.items()}}
 
 
 def _rep_ids(shards: DocShards, out: Path, cfg: DedupConfig, reps: np.ndarray) -> Dict[int, str]:

@@ -13,7 +13,9 @@ intact outputs is skipped), the same code locally and as SLURM arrays (launch/pr
     signatures [dedup.shards = S tasks]  shingles, MinHash, band hashes of the shard's documents
     buckets    [dedup.bucket_tasks = T]  one slice of band-hash space per task -> candidate pairs
     verify     [S tasks]                 true Jaccard / containment of each pair -> edges
-    clusters   [one job]                 connected components over the edges -> removed table
+    clusters   [one job]                 connected components over the edges -> removed table, in
+                                         phases of dedup.component_tasks tasks (dedup.workers at once),
+                                         each holding its share of the nodes' edges (components.py)
     write      [S tasks]                 kept and removed parts of each shard, in input order
 
     python -m preprocessing.dedup ... --step signatures --shard K   # one task; no --shard: every task
@@ -36,9 +38,10 @@ from ..config import DedupConfig, InputConfig
 from ..markers import Marker, fingerprint, print_summary
 from .buckets import bucket_task
 from .clusters import bad_input, clusters_step, write_task
+from .components import key_bounds
 from .shards import DocShards, edges_path, kept_parts, pairs_path, part, removed_table, signature_dir, write_parts
 from .signatures import compute_shard
-from .verify import verify_task
+from .verify import METHODS, verify_task
 
 STEPS = ("signatures", "buckets", "verify", "clusters", "write")
 SIGNATURE_FIELDS = ("ngram", "num_perm", "seed", "lowercase", "bands", "rows", "shards")
@@ -54,15 +57,19 @@ def step_tasks(cfg: DedupConfig, step: str) -> Optional[int]:
 
 
 def _settings(cfg: DedupConfig, *fields: str) -> dict:
-    return {f: getattr(cfg, f) for f in fields} if fields else {k: v for k, v in vars(cfg).items() if k != "workers"}
+    """The settings a step's output depends on (not how its work is spread: workers, component tasks)."""
+    return {f: getattr(cfg, f) for f in fields} if fields else {k: v for k, v in vars(cfg).items()
+                                                                  if k not in ("workers", "component_tasks")}
 
 
 class _Dedup:
     """Markers, inputs and outputs of every task of one run (inputs, settings, output directory)."""
 
     def __init__(self, inp: InputConfig, cfg: DedupConfig, out: Path):
-        if min(cfg.shards, cfg.bucket_tasks, cfg.bands, cfg.rows) < 1 or cfg.bands * cfg.rows > cfg.num_perm:
-            raise ValueError(f"dedup: shards={cfg.shards}, bucket_tasks={cfg.bucket_tasks} and bands x rows = "
+        if min(cfg.shards, cfg.bucket_tasks, cfg.component_tasks, cfg.bands, cfg.rows) < 1 \
+                or cfg.bands * cfg.rows > cfg.num_perm:
+            raise ValueError(f"dedup: shards={cfg.shards}, bucket_tasks={cfg.bucket_tasks}, component_tasks="
+                             f"{cfg.component_tasks} and bands x rows = "
                              f"{cfg.bands} x {cfg.rows} must each be >= 1, with bands * rows <= num_perm="
                              f"{cfg.num_perm}")
         self.inp, self.cfg, self.out = inp, cfg, Path(out)
@@ -125,10 +132,11 @@ class _Dedup:
             outputs = [edges_path(out, i, cfg)]
             summary = verify_task(self.shards, out, cfg, i, outputs[0])
         elif step == "clusters":
-            for k in range(cfg.shards):
-                self.need("verify", k)
+            edges = sum(self.need("verify", k)[f"edges {m}"] for k in range(cfg.shards) for m in METHODS[1:])
+            counts = [self.need("signatures", k)["documents"] for k in range(cfg.shards)]
             outputs = [removed_table(out)]
-            summary = self.clusters_summary(clusters_step(out, cfg, outputs[0]))
+            bounds = key_bounds(self.shards, counts, cfg.component_tasks)
+            summary = self.clusters_summary(clusters_step(out, cfg, outputs[0], bounds, edges))
         else:
             self.need("clusters", 0)
             counts = [self.need("signatures", k)["documents"] for k in range(cfg.shards)]
@@ -198,24 +206,33 @@ def run_dedup(inp: InputConfig, cfg: DedupConfig, out: Path, step: str = "all", 
         results = run.run_step(step, None if shard is None else [shard])
         return results[0] if step == "clusters" else {"tasks": results}
     for s in STEPS:
-        results = run.run_step(s)
-        if s == "clusters":
-            summary = results[0]
+        run.run_step(s)
     run.concatenate()
-    kept = sum(run.need("write", k)["kept"] for k in range(cfg.shards))
-    summary = {**summary, "kept": kept}
-    print_summary(f"dedup -> {out}", {k: v for k, v in summary.items() if k != "bad"},
-                  summary["bad"]["bad"])
-    print_near_duplicates(Path(out) / "removed.jsonl")
+    return print_report(inp, cfg, Path(out))
+
+
+def print_report(inp: InputConfig, cfg: DedupConfig, out: Path) -> Optional[dict]:
+    """The dedup summary (counts per method, LSH settings, kept) and its largest near-duplicate clusters, once the
+    clusters step and every write task have finished (else None: an array task that is not the last says nothing).
+    The pipeline runs the steps one by one, so its write stage prints this; `make dedup` at its end."""
+    run = _Dedup(inp, cfg, Path(out))
+    done = [run.finished("write", k, announce=False) for k in range(cfg.shards)]
+    clusters = run.finished("clusters", 0, announce=False)
+    if clusters is None or any(d is None for d in done):
+        return None
+    summary = {**clusters, "kept": sum(d["kept"] for d in done)}
+    print_summary(f"dedup -> {out}", {k: v for k, v in summary.items() if k != "bad"}, summary["bad"]["bad"])
+    print_near_duplicates([write_parts(Path(out), k, cfg)[1] for k in range(cfg.shards)])
     return summary
 
 
-def print_near_duplicates(removed: Path, limit: int = 10) -> None:
+def print_near_duplicates(removed: Sequence[Path], limit: int = 10) -> None:
     """The largest near-duplicate clusters with each removed member's verified similarity (exact copies are
-    counted in the summary). Two passes over removed.jsonl; memory: one counter per cluster."""
+    counted in the summary). Two passes over the removed files; memory: one counter per cluster."""
     def near():
-        with open(removed, encoding="utf-8") as f:
-            yield from (r for r in map(json.loads, f) if r["method"] != "exact")
+        for path in removed:
+            with open(path, encoding="utf-8") as f:
+                yield from (r for r in map(json.loads, f) if r["method"] != "exact")
     sizes = Counter(r["duplicate_of"] for r in near())
     top = {kept for kept, _ in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]}
     members: Dict[str, List[str]] = {kept: [] for kept in top}
@@ -241,4 +258,4 @@ def main(argv: List[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["STEPS", "kept_parts", "run_dedup", "s_curve", "step_tasks", "main"]
+__all__ = ["STEPS", "kept_parts", "print_report", "run_dedup", "s_curve", "step_tasks", "main"]
