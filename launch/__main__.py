@@ -37,6 +37,7 @@ from preprocessing.cli import load_config
 from preprocessing.pipeline import run_pipeline
 from preprocessing.stages import config_fingerprint
 from pretrain.config.compose import config_diff, load_recipe, to_yaml
+from pretrain.config.epochs import check_epochs
 from pretrain.stability.lifetime import RunDirBusy, check_free
 
 
@@ -66,6 +67,13 @@ def blend_to_build(job):
     return cfg, why
 
 
+def no_input(cfg) -> str:
+    """The preprocessing config's input paths that do not exist and that no fetch step writes ('' when none): a
+    GPU recipe's corpus config before the user's shards are in place."""
+    absent = [path for path in cfg.input.paths if not Path(path).exists()]
+    return ", ".join(absent) if all(name.endswith("-tokenizer") for name in cfg.fetch) else ""
+
+
 def ensure_data(job, local: bool = True) -> List[str]:
     """Fetch and preprocess the recipe's data when its blend file is missing: in this process for a local
     launch; for SLURM, submitted as the preprocessing job chain (a login node runs no pipeline). The
@@ -74,6 +82,12 @@ def ensure_data(job, local: bool = True) -> List[str]:
     if todo is None:
         return []
     cfg, why = todo
+    absent = no_input(cfg)
+    if absent:
+        raise ConfigError([f"{why}, and its preprocessing config {job.data.preprocess} has no input: {absent} "
+                           "does not exist. Fix: put your JSONL / Parquet shards there (or list them in its "
+                           "input.paths), or point data.blend at your blend.json: docs/data.md walks from raw "
+                           "shards to a blend."], source="make pretrain")
     if local:
         print(f">> {why}: running preprocessing config {job.data.preprocess} here (finished stages whose settings "
               "and inputs stand are skipped)", flush=True)
@@ -186,6 +200,7 @@ def main() -> int:
         return print_dry_run(job, recipe, run_dir, local)
     try:
         preprocessing = ensure_data(job, local)
+        check_epochs(job, "make pretrain")      # the blend a local launch just wrote (SLURM: the job's compose)
     except (ConfigError, FileNotFoundError, RuntimeError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -218,7 +233,10 @@ def print_dry_run(job, recipe: str, run_dir: Path, local: bool) -> int:
     cfg = todo[0] if todo else None
     plan = None if cfg is None else dry_run_local(cfg) if local else preprocess_scripts(cfg)
     if plan is not None:
-        print(f"# {todo[1]}: preprocessing config {job.data.preprocess} runs first\n{plan}")
+        absent = no_input(cfg)
+        print(f"# {todo[1]}: preprocessing config {job.data.preprocess} runs first" + (
+            f" (NOT YET: its input {absent} does not exist, a real launch stops here; docs/data.md)" if absent else "")
+            + f"\n{plan}")
     after = " --dependency=afterok:<last preprocessing job> --kill-on-invalid-dep=yes" if cfg and not local else ""
     print(f"# {run_dir / 'launch.sh'}\n{local_script(job, run_dir)}" if local else
           f"# {run_dir / 'launch.sbatch'} (sbatch{after} launch.sbatch)\n{render(job, run_dir)}")

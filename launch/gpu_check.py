@@ -31,7 +31,7 @@ OUT = Path(os.environ.get("GPU_CHECK_OUT") or REPO_ROOT / "runs" / "gpu-check")
 WORK = Path(os.environ.get("GPU_CHECK_WORK") or "/tmp/gpu-check")
 FAST = ["checkpoint.save_interval=0", "eval.eval_interval=100000", "eval.eval_iters=2", "logging.tensorboard=false",
         "cluster=local", "cluster.devices_per_node=1"]
-BF16_125M = ("gpt-125m", ["batch=fixed", "batch.micro_batch_size=4", "batch.global_batch_size=32",
+BF16_125M = ("gpt-125m", ["data=demo-gpt2", "batch=fixed", "batch.micro_batch_size=4", "batch.global_batch_size=32",
                           "schedule=cosine", "schedule.train_iters=50", "schedule.lr_warmup=10",
                           "logging.log_interval=10", *FAST])
 # lr 6e-4: at gpt-tiny's 3e-3 the loss rises at steps 17-20 and amplifies rounding differences (first H100

@@ -20,7 +20,7 @@ from common.cli import command, overrides_from_env
 from common.config import ConfigError, compose_dir
 
 from .config import PreprocessConfig  # importing it registers `preprocess_schema` with Hydra
-from .records import BadInputError
+from .records import BadInputError, expand_shard_folders
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 FIELDS_HINT = "check the key's spelling and type; preprocessing/config.py documents every field."
@@ -43,7 +43,7 @@ def load_config(name: str, overrides: List[str] = ()) -> PreprocessConfig:
         try:
             cfg = OmegaConf.merge(OmegaConf.structured(PreprocessConfig), OmegaConf.load(name),
                                   OmegaConf.from_dotlist(list(overrides)))
-            return import_modules(OmegaConf.to_object(cfg), name)
+            return _with_shards(import_modules(OmegaConf.to_object(cfg), name))
         except ConfigError:
             raise
         except Exception as err:
@@ -58,7 +58,13 @@ def load_config(name: str, overrides: List[str] = ()) -> PreprocessConfig:
         loaded = OmegaConf.to_object(cfg)
     except Exception as err:  # MissingMandatoryValue, validation errors
         raise ConfigError([str(err)], source=source) from None
-    return import_modules(loaded, source)
+    return _with_shards(import_modules(loaded, source))
+
+
+def _with_shards(cfg: PreprocessConfig) -> PreprocessConfig:
+    """input.paths with each folder of JSONL / Parquet shards listed file by file (records.expand_shard_folders)."""
+    cfg.input.paths = expand_shard_folders(list(cfg.input.paths))
+    return cfg
 
 
 def stage_args(stage: str, argv: Optional[List[str]] = None,

@@ -82,6 +82,31 @@ def _open_bytes(path: Path):
     return open(path, "rb")
 
 
+SHARD_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet")
+
+
+def _shard_name(name: str) -> bool:
+    return name.removesuffix(".gz").removesuffix(".zst").endswith(SHARD_SUFFIXES)
+
+
+def expand_shard_folders(paths: List[str]) -> List[str]:
+    """Each folder of JSONL / Parquet shards replaced by its shard files, sorted: such a folder read as a text
+    folder would make every shard one document of raw JSON (or Parquet bytes), and the input fingerprint of a
+    folder would miss a shard rewritten in place. A folder holding any other file (writers' markers such as
+    _SUCCESS or .crc aside) is a text folder and stays, as do files and HF folders."""
+    out = []
+    for p in paths:
+        path = Path(p)
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else []
+        shards = [f for f in files if _shard_name(f.name)]
+        if shards and detect_format(path) == "text" and all(
+                f.name.startswith(("_", ".")) for f in files if not _shard_name(f.name)):
+            out.extend(str(f) for f in shards)
+        else:
+            out.append(p)
+    return out
+
+
 def detect_format(path: Path) -> str:
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "state.json").exists():

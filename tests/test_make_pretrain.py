@@ -1,5 +1,6 @@
 """`make pretrain RECIPE=gpt-tiny` as a user runs it: data ready, 2 ranks, outputs where it says."""
 import json
+import re
 import subprocess
 
 import pytest
@@ -18,7 +19,9 @@ def test_make_pretrain_end_to_end(demo_data, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "step      6/6" in res.stdout and "test loss" in res.stdout and f"run directory: {run_dir}" in res.stdout
     (block,) = banners(res.stdout)                      # what the run is, before any step line
-    assert block["name"] == "gpt-tiny" and block["run dir"] == str(run_dir) and block["data"].endswith("blend.json")
+    assert block["name"] == "gpt-tiny" and block["run dir"] == str(run_dir)
+    assert re.fullmatch(r"data/demo/bpe4k/blend\.json; epochs: train_text_document: draws 24\.6K of its \S+ tokens = "
+                        r"0\.00\d+ epochs", block["data"])   # 6 steps x 32 x 128 tokens
     assert block["layout"] == "2 ranks = TP 1 x PP 1 x CP 1 x EP 1 x DP 2, ZeRO stage 0"
     assert res.stdout.index("==== gpt-tiny ") < res.stdout.index("step      2/6")
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -168,7 +168,7 @@ def test_data_preprocessed_again_into_the_same_prefixes_gets_new_dataset_caches(
     blend = write_blend(tmp_path / "out" / "blend.json", {s: [(1.0, f"{s}_text_document")]
                                                          for s in ("train", "valid", "test")},
                         tokenizer={"vocab_size": tok.vocab_size, "eod": tok.eod})
-    job = load_recipe("gpt-tiny", [f"data.blend={blend}", "model.seq_length=16"])
+    job = load_recipe("gpt-tiny", [f"data.blend={blend}", "model.seq_length=16", "schedule.train_iters=2"])
 
     def preprocess(docs):
         (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
@@ -184,7 +184,8 @@ def test_data_preprocessed_again_into_the_same_prefixes_gets_new_dataset_caches(
     preprocess([" ".join(words[:30])] * 6)                        # fewer, shorter ones, other tokens
     again = build_datasets(job, 8, 8, 8)[0]
     fresh = build_datasets(load_recipe("gpt-tiny", [f"data.blend={blend}", "model.seq_length=16",
-                                                    f"data.cache_dir={tmp_path / 'fresh'}"]), 8, 8, 8)[0]
+                                                    "schedule.train_iters=2", f"data.cache_dir={tmp_path / 'fresh'}"]),
+                           8, 8, 8)[0]
     assert len(again) == len(fresh)
     for i in range(len(fresh)):
         assert again[i]["tokens"].tolist() == fresh[i]["tokens"].tolist(), i
@@ -218,6 +219,7 @@ def test_a_pair_from_two_writes_is_refused_by_the_loader_naming_the_files(tmp_pa
     problem = pair_problem(out / "train_text_document")           # the crash: new .bin, old .idx
     assert f"{out / 'train_text_document.bin'} holds" in problem and "different writes" in problem
     with pytest.raises(ValueError, match="train_text_document.bin holds .* different writes"):
-        build_datasets(load_recipe("gpt-tiny", [f"data.blend={blend}", "model.seq_length=16"]), 8, 8, 8)
+        job = load_recipe("gpt-tiny", [f"data.blend={blend}", "model.seq_length=16", "schedule.train_iters=2"])
+        build_datasets(job, 8, 8, 8)
     (out / "valid_text_document.idx").unlink()
     assert pair_problem(out / "valid_text_document") == f"{out / 'valid_text_document.idx'} missing"

@@ -5,5 +5,6 @@
 * validate.py - the collect-all validation of every section (cross-section rules and the registries' names).
 * derive.py - values derived from the config (batch ramp, train iterations, pipeline stage layers).
 * data.py, moe.py, observability.py - sections and rules of their chapters.
+* epochs.py - epochs over each train source of data.blend (from the .idx headers), warned and refused.
 * __main__.py - `make config`.
 """

@@ -11,6 +11,7 @@ import sys
 from common.cli import add_recipe_args, command, recipe_and_overrides
 
 from .compose import load_recipe, to_yaml
+from .epochs import epoch_lines
 from .schema import JobConfig
 
 
@@ -37,7 +38,10 @@ def main(argv=None) -> int:
         print("\n".join(describe()))
         return 0
     recipe, overrides = recipe_and_overrides(args)
-    print(to_yaml(load_recipe(recipe, overrides)), end="")
+    job = load_recipe(recipe, overrides)
+    print(to_yaml(job), end="")
+    # YAML comments, so the output still loads as the config
+    print("\n".join(f"# data epochs: {line}" for line in epoch_lines(job)))
     return 0
 
 

@@ -22,6 +22,7 @@ from common.paths import RECIPES_DIR, REPO_ROOT
 from common.registry import import_modules
 
 from .derive import derive
+from .epochs import check_epochs
 from .keys import key_problems, type_name
 from .schema import JobConfig
 from .validate import ConfigError, validate
@@ -99,7 +100,15 @@ def finalize(cfg: DictConfig, recipe: Optional[str] = None) -> JobConfig:
         raise ConfigError(err.problems, source=source) from None
     job = derive(job)
     warn_whole_run_warmup(job, source)
+    for warning in check_epochs(job, source):       # reads the blend's .idx headers: needs derived.train_tokens
+        _warn(f"WARNING {source}: {warning}")
     return job
+
+
+def _warn(text: str) -> None:
+    """From one process (the launcher's compose and rank 0, not every rank)."""
+    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":     # torchrun's, or srun's before init
+        print(text, file=sys.stderr)
 
 
 def warn_whole_run_warmup(job: JobConfig, source: str) -> None:
@@ -107,11 +116,10 @@ def warn_whole_run_warmup(job: JobConfig, source: str) -> None:
     warmup slopes. Legal, so a warning, from one process (the launcher's compose and rank 0, not every rank)."""
     s, d = job.schedule, job.derived
     warmup = s.lr_warmup if s.unit == "steps" else s.lr_warmup / max(1, d.tokens_per_step)
-    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))     # torchrun's, or srun's before init
-    if warmup >= d.train_iters and s.lr_warmup and rank == "0":
-        print(f"WARNING {source}: schedule.lr_warmup={s.lr_warmup} {s.unit} covers the whole run "
+    if warmup >= d.train_iters and s.lr_warmup:
+        _warn(f"WARNING {source}: schedule.lr_warmup={s.lr_warmup} {s.unit} covers the whole run "
               f"({d.train_iters} steps): the LR never reaches optim.lr={job.optim.lr:g}. Fix: shorten "
-              "schedule.lr_warmup, or lengthen the run.", file=sys.stderr)
+              "schedule.lr_warmup, or lengthen the run.")
 
 
 def load_recipe(recipe: str, overrides: Iterable[str] = ()) -> JobConfig:

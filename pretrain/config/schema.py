@@ -209,6 +209,8 @@ class DataConfig:
                                      "after EOD (CPU: s x s mask; GPUs: thd with TE). pretrain/data/packing.py.")
     eod_mask_loss: bool = doc(False, "Do not score the target predicted from an EOD token (the next document's "
                                      "first token).")
+    max_epochs: float = doc(100.0, "Refuse a run that reads any train source of the blend more often than this "
+                                   "(pretrain/config/epochs.py; warned above 4); raise it to repeat data on purpose.")
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..config.epochs import epoch_lines
 from ..config.schema import JobConfig
 from ..model.fusions import FUSIONS
 from ..model.inventory import count_params
@@ -45,6 +46,14 @@ def _batch_line(cfg: JobConfig) -> str:
             f"{d.num_microbatches} micro-batches per rank per step")
 
 
+def data_line(cfg: JobConfig) -> str:
+    """The blend, its mix phases and the epochs the run reads of each train source (pretrain/config/epochs.py)."""
+    if cfg.data.mock:
+        return "mock tokens (data.mock)"
+    phases = f" with {len(cfg.data.mix_phases)} mix phases" if cfg.data.mix_phases else ""
+    return f"{cfg.data.blend}{phases}; epochs: " + "; ".join(epoch_lines(cfg))
+
+
 def run_banner(cfg: JobConfig, engine) -> str:
     """Collective (all ranks call it: the per-rank parameter counts are gathered); rank-independent text."""
     layout = engine.layout()
@@ -54,9 +63,6 @@ def run_banner(cfg: JobConfig, engine) -> str:
     dist.all_gather(counts, local)
     per_rank = torch.cat(counts).tolist()     # one device-to-host copy, not one per rank
     s, d = cfg.schedule, cfg.derived
-    data = "mock tokens (data.mock)" if cfg.data.mock else f"{cfg.data.blend}"
-    if cfg.data.mix_phases:
-        data += f" with {len(cfg.data.mix_phases)} mix phases"
     vpp = f" (x{layout['vpp']} virtual)" if layout.get("vpp") else ""
     rows = [
         ("engine", _engine_line(cfg, layout)),
@@ -74,7 +80,7 @@ def run_banner(cfg: JobConfig, engine) -> str:
         ("length", f"{d.train_iters:,} steps, {human(d.train_tokens)} tokens; lr {cfg.optim.lr:g} "
                    f"{s.lr_decay_style} to {cfg.optim.min_lr:g}, warmup {s.lr_warmup:,} {s.unit}; "
                    f"optimizer {cfg.optim.name} ({engine.optimizer_kernel()})"),
-        ("data", data),
+        ("data", data_line(cfg)),
         ("run dir", str(cfg.run_dir)),
     ]
     width = max(len(k) for k, _ in rows)

@@ -10,6 +10,7 @@ from common.cli import add_recipe_args, command, env_flag, recipe_and_overrides
 from common.config import ConfigError
 
 from ..config.compose import load_recipe
+from ..config.epochs import data_epochs, epoch_lines
 from .estimate import human, make_plan
 from .search import as_dict, search
 from .search import render as render_search
@@ -81,7 +82,10 @@ def main(argv=None) -> int:
             print(render_search(recipe, found))
         return 0
     plan = make_plan(cfg, gpus=args.gpus, mfu=args.mfu)
-    print(json.dumps(plan) if as_json else render(plan))
+    sources, skipped = data_epochs(cfg)
+    plan["data_epochs"] = {s.name: round(s.epochs, 4) for s in sources} if not skipped else {"skipped": skipped}
+    print(json.dumps(plan) if as_json else "\n".join([render(plan), *(f"  data epochs       {line}"
+                                                                        for line in epoch_lines(cfg))]))
     return 0
 
 
