@@ -16,8 +16,10 @@ as a job chained with afterok, a sharded stage as a job array:
     verify (true similarity of pairs; dedup.shards)  job array, afterok: the buckets array
     clusters (components over the verified edges)    one job,   afterok: the verify array
     write (kept/removed parts; dedup.shards)         job array, afterok: clusters
-    filter (quality filters, splits, tokenizer)      one job,   afterok: the write array
-    tokenize (tokenize.shards tasks)                 job array, afterok: filter
+    filter (quality filters, PII; one task per part) job array, afterok: the write array
+    decontaminate (eval n-grams; one task per part)  job array, afterok: the filter array
+    split (held-out splits, tokenizer)               one job,   afterok: the decontaminate array
+    tokenize (tokenize.shards tasks)                 job array, afterok: split
     merge (one .bin/.idx per split, blend.json)      one job,   afterok: the tokenize array
 
 Everything goes under `<work_dir>/slurm/`: the resolved config every job reads

@@ -1,6 +1,6 @@
 """The whole data path in this process: the config's `stages` in order (preprocessing/stages.py:
-fetch -> normalise + exact dedup -> MinHash dedup -> quality filters -> held-out splits ->
-tokenizer -> .bin/.idx per split -> blend.json), or one stage (or one shard of it).
+fetch -> normalise + exact dedup -> MinHash dedup -> quality filters and PII, part by part ->
+held-out splits -> tokenizer -> .bin/.idx per split -> blend.json), or one stage (or one shard of it).
 
     make preprocess RECIPE=gpt-tiny     # launch/preprocess.py: here, or SLURM jobs with LAUNCHER=slurm
     python -m preprocessing.pipeline --config demo [key=value ...]
@@ -20,8 +20,10 @@ from common.config import ConfigError
 
 from .cli import cli_main, stage_args
 from .config import PreprocessConfig
+from .decontaminate_index import check as check_decontamination
 from .filters import filter_problems
 from .stages import STAGES, Stage
+from .transforms import transform_problems
 
 
 def problems(cfg: PreprocessConfig) -> List[str]:
@@ -30,9 +32,16 @@ def problems(cfg: PreprocessConfig) -> List[str]:
            f"from those, or register one with @preprocessing.stages.register_stage({name!r}) in a module listed in "
            "`imports`." for name in cfg.stages if name not in STAGES]
     out += filter_problems(cfg.filters) if cfg.filters.enabled else []
+    out += transform_problems(cfg)
+    if cfg.decontaminate.enabled and "decontaminate" in cfg.stages:
+        try:
+            check_decontamination(cfg.decontaminate)
+        except ConfigError as err:
+            out += err.problems
     out += [f"{key}={n} must be >= 1. Fix: set {key}=1 (no sharding) or more." for key, n in
             (("dedup.shards", cfg.dedup.shards), ("dedup.bucket_tasks", cfg.dedup.bucket_tasks),
-             ("tokenize.shards", cfg.tokenize.shards)) if n < 1]
+             ("tokenize.shards", cfg.tokenize.shards), ("filters.shards", cfg.filters.shards),
+             ("dedup.component_tasks", cfg.dedup.component_tasks)) if n < 1]
     d = cfg.dedup
     if d.bands < 1 or d.rows < 1 or d.bands * d.rows > d.num_perm:
         out.append(f"dedup.bands x dedup.rows = {d.bands} x {d.rows} needs 1 <= each and bands * rows <= "

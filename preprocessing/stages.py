@@ -11,7 +11,10 @@ inputs and settings is skipped). Built in:
     verify      true Jaccard/containment of the pairs, dedup.shards tasks -> dedup/verify/
     clusters    connected components over the edges, one job  -> dedup/clusters/removed.npy
     write       kept/removed parts, dedup.shards tasks        -> dedup/parts/
-    filter      quality filters, splits, tokenizer            -> split/<split>.jsonl
+    filter      quality filters (language, Gopher, C4, FineWeb...) and text transforms (PII), one task per
+                part (the write step's parts, or filters.shards byte ranges without dedup) -> filter/part-*
+    decontaminate  eval items' 13-grams removed or masked (decontaminate.enabled), one task per part
+    split       the last pass's parts in order -> split/<split>.jsonl, one record in memory; tokenizer
     tokenize    .bin/.idx per split, tokenize.shards tasks  -> <output_dir>/[shards/]
     merge       shards merged in order, blend.json          -> <output_dir>/blend.json
 
@@ -21,12 +24,11 @@ named in the config's `stages` list.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from tqdm import tqdm
 
@@ -34,19 +36,32 @@ from common.registry import Registry
 
 from .blend import write_blend
 from .config import InputConfig, PreprocessConfig
+from .decontaminate import DecontaminatePass
 from .dedup.run import STEPS as DEDUP_STEPS
 from .dedup.run import kept_parts as dedup_kept_parts
+from .dedup.run import print_report as print_dedup_report
 from .dedup.run import run_dedup
 from .dedup.run import step_tasks as dedup_step_tasks
 from .fetch import fetch
 from .filters import QualityFilter
 from .markers import Marker, fingerprint, print_summary
 from .normalize import ExactDedup, normalize_text
-from .records import BadInput, read_documents, write_jsonl
+from .parts import (
+    SPLITS,
+    DocumentPass,
+    add_summaries,
+    part_paths,
+    print_pass_summary,
+    range_pieces,
+    run_part,
+    split_stage,
+    whole,
+)
+from .records import BadInput, Piece, read_documents, write_jsonl
 from .tokenize_indexed import merge_indexed, tokenize_to_indexed
 from .tokenizer_io import FIM_SENTINELS, load_tokenizer, train_bpe
+from .transforms import TextTransforms
 
-SPLITS = ("train", "valid", "test")
 StageFn = Callable[[PreprocessConfig, Optional[int]], dict]
 
 
@@ -93,12 +108,6 @@ def _split_part(cfg: PreprocessConfig, split: str, shard: int) -> Path:
     return Path(cfg.output_dir) / name if n == 1 else Path(cfg.output_dir) / "shards" / f"{name}.{shard:05d}-of-{n:05d}"
 
 
-def split_of(doc_id: str, valid: float, test: float, seed: int) -> str:
-    """Deterministic split by document id hash (independent of input order)."""
-    u = int(hashlib.sha256(f"{seed}:{doc_id}".encode()).hexdigest()[:12], 16) / 16**12
-    return "valid" if u < valid else "test" if u < valid + test else "train"
-
-
 # ---- the steps ---------------------------------------------------------------------------------
 def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     out = work / "normalized.jsonl"
@@ -131,64 +140,6 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     return out
 
 
-def filter_stage(cfg: PreprocessConfig, srcs: List[Path], work: Path) -> Path:
-    """Quality filters over the JSONL files `srcs`, read in order (the dedup stage's kept parts) ->
-    filtered.jsonl (kept documents, input order) and filtered_out.jsonl (id, rule)."""
-    out, dropped_out = work / "filtered.jsonl", work / "filtered_out.jsonl"
-    marker = Marker(work, "filter", fingerprint(_settings(cfg.filters), srcs))
-    done = marker.done()
-    if done is not None:
-        counts = done["dropped"]
-        print_summary("quality filters (finished earlier)", {"kept": done["kept"], "dropped": sum(counts.values())},
-                      counts)
-        return out
-    qf = QualityFilter(cfg.filters) if cfg.filters.enabled else None
-    dropped: List[dict] = []
-    field = cfg.input.text_field
-
-    def lines():
-        for src in srcs:
-            with open(src, encoding="utf-8") as f:
-                yield from f
-
-    def records():
-        for line in tqdm(lines(), desc="filter", unit="doc", file=sys.stderr):
-            rec = json.loads(line)
-            reason = qf.reject_reason(rec[field], rec) if qf else None
-            if reason:
-                dropped.append({"id": rec[cfg.input.id_field], "reason": reason})
-            else:
-                yield rec
-
-    kept = write_jsonl(out, records())
-    write_jsonl(dropped_out, dropped)
-    counts = dict(qf.dropped) if qf else {}
-    print_summary("quality filters", {"kept": kept, "dropped": len(dropped)}, counts)
-    marker.mark({"kept": kept, "dropped": counts}, outputs=[out, dropped_out])
-    return out
-
-
-def split_stage(cfg: PreprocessConfig, src: Path, work: Path) -> Dict[str, Path]:
-    outs = {s: work / "split" / f"{s}.jsonl" for s in SPLITS}
-    marker = Marker(work / "split", "split", fingerprint(_settings(cfg.split), [src]))
-    done = marker.done()
-    if done is not None:
-        print_summary("splits (by document, finished earlier)", done)
-        return outs
-    buckets: Dict[str, List[dict]] = {s: [] for s in SPLITS}
-    for line in open(src, encoding="utf-8"):
-        rec = json.loads(line)
-        buckets[split_of(str(rec[cfg.input.id_field]), cfg.split.valid_fraction, cfg.split.test_fraction,
-                         cfg.split.seed)].append(rec)
-    counts = {s: write_jsonl(outs[s], buckets[s]) for s in SPLITS}
-    empty = [s for s, n in counts.items() if n == 0]
-    if empty:
-        raise RuntimeError(f"split {empty} got no documents from {counts}; raise split.*_fraction")
-    print_summary("splits (by document)", counts)
-    marker.mark(counts, outputs=outs.values())
-    return outs
-
-
 def tokenizer_stage(cfg: PreprocessConfig, train_split: Path):
     spec = cfg.tokenizer
     if spec.train:
@@ -218,7 +169,10 @@ def _dedup_step(step: str, tasks: Callable[[PreprocessConfig], Optional[int]]) -
     def run(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
         work = Path(cfg.work_dir)
         inp = _jsonl_input(cfg, _needs(work / "normalized.jsonl", "prepare"))
-        return run_dedup(inp, cfg.dedup, work / "dedup", step, shard)
+        result = run_dedup(inp, cfg.dedup, work / "dedup", step, shard)
+        if step == "write":             # the last write task to finish (every task, locally) prints the summary
+            print_dedup_report(inp, cfg.dedup, work / "dedup")
+        return result
     register_stage(step, shards=tasks, enabled=lambda cfg: cfg.dedup.enabled)(run)
     return run
 
@@ -227,15 +181,89 @@ for _step in DEDUP_STEPS:
     _dedup_step(_step, lambda cfg, step=_step: dedup_step_tasks(cfg.dedup, step))
 
 
-@register_stage("filter")
-def filter_split_tokenizer(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
-    """Quality filters over the dedup write step's kept parts (in order), splits, tokenizer."""
-    work = Path(cfg.work_dir)
+class FilterPass(DocumentPass):
+    """The quality filters of `filters.names` (a failing document is removed, its rule the reason), then the
+    text transforms of `transforms` (e.g. PII) on the documents kept."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        self.field = cfg.input.text_field
+        self.quality = QualityFilter(cfg.filters) if cfg.filters.enabled else None
+        self.transforms = TextTransforms(cfg) if cfg.transforms else None
+
+    @staticmethod
+    def settings_of(cfg: PreprocessConfig) -> Any:
+        return _settings([cfg.filters, cfg.transforms, cfg.pii, cfg.input.text_field])
+
+    def apply(self, record: Dict[str, Any]) -> Optional[str]:
+        text = record[self.field]
+        reason = self.quality.reject_reason(text, record) if self.quality else None
+        if reason is None and self.transforms:
+            new = self.transforms(text)
+            if new is not text:
+                record[self.field] = new
+        return reason
+
+    def summary(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        if self.quality:
+            out["removed by rule"] = dict(self.quality.dropped)
+            out.update({name: dict(counts) for name, counts in self.quality.counts.items()})
+        if self.transforms:
+            out["replaced"] = dict(self.transforms.counts)
+            out["documents changed"] = self.transforms.changed
+        return out
+
+
+def part_count(cfg: PreprocessConfig) -> int:
+    """Parts of the document passes: the dedup write step's parts, or filters.shards byte ranges without dedup."""
+    return cfg.dedup.shards if cfg.dedup.enabled else cfg.filters.shards
+
+
+PASSES: Dict[str, str] = {}          # the document-pass stages -> the title of their summary
+
+
+def _source_of(cfg: PreprocessConfig, stage: str) -> Callable[[int], List[Piece]]:
+    """Part k of the input of `stage` (a document pass, or split): the output part of the enabled pass before it
+    in `stages`, else the dedup write step's kept part, else a byte range of normalized.jsonl."""
+    work, n = Path(cfg.work_dir), part_count(cfg)
+    upto = cfg.stages.index(stage) if stage in cfg.stages else len(cfg.stages)
+    before = [name for name in cfg.stages[:upto] if name in PASSES and STAGES.get(name).enabled(cfg)]
+    if before:
+        return lambda k: whole(_needs(part_paths(cfg, before[-1], k, n)[0], before[-1]))
     if cfg.dedup.enabled:
-        srcs = [_needs(p, "write") for p in dedup_kept_parts(work / "dedup", cfg.dedup)]
-    else:
-        srcs = [_needs(work / "normalized.jsonl", "prepare")]
-    splits = split_stage(cfg, filter_stage(cfg, srcs, work), work)
+        parts = dedup_kept_parts(work / "dedup", cfg.dedup)
+        return lambda k: whole(_needs(parts[k], "write"))
+    return lambda k: range_pieces(_needs(work / "normalized.jsonl", "prepare"), k, n)
+
+
+def register_pass(name: str, make: Callable[[PreprocessConfig], DocumentPass],
+                  settings_of: Callable[[PreprocessConfig], Any], title: str,
+                  enabled: Optional[Callable[[PreprocessConfig], bool]] = None) -> None:
+    """Register a document pass as stage `name`: one array task per part, reading the parts of the enabled pass
+    before it in `stages` (or dedup's); `settings_of(cfg)` decides its output with the part's input."""
+    def run(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+        n, source = part_count(cfg), _source_of(cfg, name)
+        settings = settings_of(cfg)
+        summaries = [run_part(cfg, name, lambda: make(cfg), source(k), k, n, settings)
+                     for k in (range(n) if shard is None else [shard])]
+        total = add_summaries(summaries)
+        print_pass_summary(title if shard is None else f"{title}: part {shard + 1} of {n}", total)
+        return total
+    PASSES[name] = title
+    register_stage(name, shards=part_count, enabled=enabled)(run)
+
+
+register_pass("filter", FilterPass, FilterPass.settings_of, "quality filters + text transforms")
+register_pass("decontaminate", DecontaminatePass, DecontaminatePass.settings_of, "benchmark decontamination",
+              enabled=lambda cfg: cfg.decontaminate.enabled)
+
+
+@register_stage("split")
+def split_and_tokenizer(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+    """The last document pass's parts, in order, into the held-out splits; then the tokenizer (trained on the
+    train split when tokenizer.train)."""
+    work, source = Path(cfg.work_dir), _source_of(cfg, "split")
+    splits = split_stage(cfg, [piece for k in range(part_count(cfg)) for piece in source(k)], work)
     tokenizer_stage(cfg, splits["train"])
     return {}
 
@@ -243,10 +271,10 @@ def filter_split_tokenizer(cfg: PreprocessConfig, shard: Optional[int] = None) -
 @register_stage("tokenize", shards=lambda cfg: cfg.tokenize.shards)
 def tokenize(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     work = Path(cfg.work_dir)
-    tok = tokenizer_stage(cfg, _needs(work / "split" / "train.jsonl", "filter"))
+    tok = tokenizer_stage(cfg, _needs(work / "split" / "train.jsonl", "split"))
     n = cfg.tokenize.shards
     for split in SPLITS:
-        path = _needs(work / "split" / f"{split}.jsonl", "filter")
+        path = _needs(work / "split" / f"{split}.jsonl", "split")
         for k in range(n) if shard is None else [shard]:      # shard k reads only its k-th byte range
             tokenize_to_indexed(_jsonl_input(cfg, path), tok, _split_part(cfg, split, k), cfg.tokenize,
                                 None if n == 1 else (k, n))

@@ -6,14 +6,17 @@ import threading
 from pathlib import Path
 
 import pytest
+from threadpoolctl import threadpool_limits
 
+from preprocessing.evalsets import DEFAULT_BIGBENCH
 from tests import training
 from tests.training import SETS, SessionRuns
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 WANTED_RUNS = pytest.StashKey[set]()
-PREFETCH_BIGBENCH = ["winowhy", "hyperbaton"]   # the BIG-bench tasks test_evals.py and test_inloop_evals.py make
+# The BIG-bench tasks the demo pipeline decontaminates against (test_evals.py and test_inloop_evals.py make two)
+PREFETCH_BIGBENCH = list(DEFAULT_BIGBENCH)
 PREFETCH: dict = {}
 # session fixtures (tests.training.shared_runs) that several test modules read
 ds_runs, layout_runs, reference_run = training.ds_runs, training.layout_runs, training.reference_run
@@ -121,11 +124,20 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=group)
 
 
+def pytest_sessionstart(session):
+    """The test process computes on one thread (numpy's BLAS, torch's intra-op pool): its unit tests run beside
+    the shared training launches, which already hold both cores, and a second spinning thread only takes time
+    from them. Subprocesses (training, make targets) keep their own settings."""
+    threadpool_limits(1)
+    import torch  # heavy; imported here so the limit is set before any test computes
+    torch.set_num_threads(1)
+
+
 def pytest_collection_finish(session):
     """What the selected tests use, known before the first one starts: the shared runs (one launch trains
     them all) and the BIG-bench download (started now, in the background)."""
     used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
     session.config.stash[WANTED_RUNS] = {name for name in used if name in SETS}
-    if "bigbench_prefetch" in used and "bigbench" not in PREFETCH:
+    if used & {"bigbench_prefetch", "demo_data", *SETS} and "bigbench" not in PREFETCH:
         PREFETCH["bigbench"] = threading.Thread(target=fetch_bigbench_tasks, name="bigbench-prefetch", daemon=True)
         PREFETCH["bigbench"].start()

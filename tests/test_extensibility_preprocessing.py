@@ -56,7 +56,7 @@ def overrides(corpus: Path, root: Path) -> list:
             f"tokenizer.path='{root}/out/tokenizer'", "tokenizer.vocab_size=1024", "split.valid_fraction=0.1",
             "split.test_fraction=0.1", "dedup.workers=1", "dedup.shards=2",
             "filters.names=[gopher,test_banned_word]", f"+filters.params.banned_word={BANNED}",
-            "stages=[prepare,signatures,buckets,verify,clusters,write,filter,test_split_stats,tokenize,merge]"]
+            "stages=[prepare,signatures,buckets,verify,clusters,write,filter,split,test_split_stats,tokenize,merge]"]
 
 
 def check_outputs(root: Path) -> int:
@@ -64,11 +64,13 @@ def check_outputs(root: Path) -> int:
     from megatron.core.datasets.indexed_dataset import IndexedDataset  # torch: not at collection time
     work, out = root / "work", root / "out"
     texts = {r["id"]: r["text"] for r in map(json.loads, (work / "normalized.jsonl").read_text().splitlines())}
-    rejected = [r["id"] for r in map(json.loads, (work / "filtered_out.jsonl").read_text().splitlines())
+    parts = sorted((work / "filter").glob("removed-*-of-00002.jsonl"))       # one per dedup part
+    rejected = [r["id"] for p in parts for r in map(json.loads, p.read_text().splitlines())
                 if r["reason"] == "banned_word"]
-    assert rejected and all(BANNED in words_of(FilterDoc.of(texts[i])) for i in rejected)
-    assert json.loads((work / ".done-filter.json").read_text())["dropped"]["banned_word"] == len(rejected)
-    kept = [json.loads(x) for x in (work / "filtered.jsonl").read_text().splitlines()]
+    assert len(parts) == 2 and rejected and all(BANNED in words_of(FilterDoc.of(texts[i])) for i in rejected)
+    assert sum(json.loads(m.read_text())["removed by rule"].get("banned_word", 0)
+               for m in (work / "filter").glob(".done-filter-*.json")) == len(rejected)
+    kept = [json.loads(x) for p in sorted((work / "filter").glob("part-*.jsonl")) for x in p.read_text().splitlines()]
     assert kept and not {r["id"] for r in kept} & set(rejected)
     assert not any(BANNED in words_of(FilterDoc.of(r["text"])) for r in kept)
     tok, documents = load_tokenizer("hf", out / "tokenizer"), 0
@@ -89,7 +91,9 @@ def test_a_filter_registered_in_a_test_module_runs_in_the_pipeline(small_corpus,
     result = run_pipeline(cfg)
     assert json.loads(Path(result["blend"]).read_text())["tokenizer"]["vocab_size"] == 1024
     dropped = check_outputs(tmp_path)
-    assert "skipped: banned_word" in capsys.readouterr().err        # the stage's summary names the rule
+    err = capsys.readouterr().err
+    assert "removed by rule: banned_word" in err                    # the stage's summary names the rule
+    assert "dedup -> " in err and "removed near-dup" in err and "lsh bands x rows" in err   # the dedup summary
     assert dropped >= 5
 
 

@@ -12,7 +12,8 @@ import pytest
 from preprocessing.config import InputConfig, PreprocessConfig, TokenizerSpec
 from preprocessing.fetch import fetch
 from preprocessing.markers import Marker
-from preprocessing.stages import normalize_stage, split_stage, tokenizer_stage
+from preprocessing.parts import split_stage, whole
+from preprocessing.stages import normalize_stage, tokenizer_stage
 from tests.conftest import REPO
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wise owls watch from an old oak tree near the "
@@ -126,12 +127,12 @@ def test_split_and_tokenizer_training_rebuild_what_was_damaged(tmp_path, capsys)
     cfg = PreprocessConfig(output_dir=str(tmp_path / "out"), work_dir=str(work),
                            tokenizer=TokenizerSpec(path=str(tmp_path / "out" / "tokenizer"), train=True,
                                                    vocab_size=300, min_frequency=2))
-    splits = split_stage(cfg, src, work)
+    splits = split_stage(cfg, whole(src), work)
     tokenizer_stage(cfg, splits["train"])
     first_work, first_out = files(work), files(tmp_path / "out")
     assert "tokenizer/tokenizer.json" in first_out and "tokenizer/merges.txt" in first_out
     capsys.readouterr()
-    splits = split_stage(cfg, src, work)
+    splits = split_stage(cfg, whole(src), work)
     tokenizer_stage(cfg, splits["train"])
     err = capsys.readouterr().err
     assert files(work) == first_work and files(tmp_path / "out") == first_out
@@ -140,7 +141,7 @@ def test_split_and_tokenizer_training_rebuild_what_was_damaged(tmp_path, capsys)
 
     damage(work / "split" / "valid.jsonl", "delete")
     damage(tmp_path / "out" / "tokenizer" / "merges.txt", "in place")
-    splits = split_stage(cfg, src, work)
+    splits = split_stage(cfg, whole(src), work)
     tokenizer_stage(cfg, splits["train"])
     err = capsys.readouterr().err
     assert f"redoing split: {work / 'split' / 'valid.jsonl'} is missing" in err
@@ -194,7 +195,7 @@ def test_a_checkpoint_records_its_data_and_tells_what_changed(tmp_path):
     words = [f"w{i}" for i in range(200)]
     docs = {s: [" ".join(words)] * 20 for s in ("train", "valid", "test")}
     def identity(root):
-        return data_identity(load_recipe("gpt-tiny", [f"data.blend={root / 'blend.json'}",
+        return data_identity(load_recipe("gpt-tiny", [f"data.blend={root / 'blend.json'}", "schedule.train_iters=2",
                                                       f"data.tokenizer.path={root / 'tok'}"]))
     tiny_blend(tmp_path / "a", docs)
     before = identity(tmp_path / "a")
