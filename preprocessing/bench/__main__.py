@@ -6,9 +6,18 @@
   documents through every step, each in its own process (peak RSS, docs/s per core), against
   the previous single-process cluster step, and the extrapolation to 1 B documents;
 * dedup quality (preprocessing/bench/planted.py): recall per planted edit level and precision,
-  ours against the previous defaults, written into docs/dedup.md between its markers.
+  ours against the previous defaults, and (tuning_similarity.py) the similarity of each planted copy to its
+  original at 2- to 5-grams, written into docs/dedup.md between their markers;
+* language identification (preprocessing/bench/language.py): accuracy per language on Django's
+  translations, py3langid beside fastText lid.176.ftz, docs/s on the demo corpus -> docs/preprocessing.md;
+* dedup components (preprocessing/bench/components.py): the clusters step's sharded connected
+  components at 0.5 M, 1 M, 2 M documents (peak RSS per task, time) against the union-find -> docs/dedup.md;
+* quality filters (preprocessing/bench/quality.py): gopher_quality, gopher_repetition, c4 and fineweb against
+  datatrove 0.10.1's on the same documents, agreement and docs/s per core -> docs/preprocessing.md;
+* dedup held out (preprocessing/bench/heldout.py): the frozen dedup defaults on corpora they were not chosen on
+  (other seeds, edit models, source code, templated pages) -> docs/dedup.md.
 
-    python -m preprocessing.bench [--tokenize-mb 50] [--dedup-docs 200000] [--only tokenize,scale,quality]
+    python -m preprocessing.bench [--tokenize-mb 50] [--dedup-docs 200000] [--only tokenize,...,filters,heldout]
 """
 from __future__ import annotations
 
@@ -20,10 +29,14 @@ import time
 from pathlib import Path
 from typing import List
 
+from .heldout import heldout_table
+from .language import bench_language
 from .planted import quality_table
+from .quality import bench_filters
+from .tuning_similarity import similarity_table
 
-REPO = Path(__file__).resolve().parent.parent
-PARTS = ("tokenize", "scale", "quality")
+REPO = Path(__file__).resolve().parents[2]            # the repository root (bench -> preprocessing -> root)
+PARTS = ("tokenize", "scale", "quality", "language", "components", "filters", "heldout")
 
 
 def replace_block(path: Path, marker: str, lines: List[str]) -> None:
@@ -58,6 +71,16 @@ def main(argv: List[str] | None = None) -> int:
         replace_block(page, "dedup-scale", [machine, ""] + bench_dedup(n_docs=args.dedup_docs))
     if "quality" in parts:
         replace_block(REPO / "docs" / "dedup.md", "quality-table", quality_table())
+        replace_block(REPO / "docs" / "dedup.md", "similarity-table", similarity_table())
+    if "language" in parts:
+        replace_block(REPO / "docs" / "preprocessing.md", "language-id", [machine, ""] + bench_language())
+    if "components" in parts:
+        from .components import bench_components
+        replace_block(REPO / "docs" / "dedup.md", "components-table", [machine, ""] + bench_components())
+    if "filters" in parts:
+        replace_block(REPO / "docs" / "preprocessing.md", "quality-parity", [machine, ""] + bench_filters())
+    if "heldout" in parts:
+        replace_block(REPO / "docs" / "dedup.md", "heldout-table", [machine, ""] + heldout_table())
     print(page.read_text())
     return 0
 
