@@ -34,7 +34,8 @@ class InputConfig:
 class NormalizeConfig:
     enabled: bool = doc(True, "Run Unicode normalisation and control-character stripping.")
     form: str = doc("NFC", "Unicode normal form.")
-    exact_dedup: bool = doc(True, "Drop documents whose normalised text hashes equal an earlier one.")
+    exact_dedup: bool = doc(True, "Drop documents whose normalised text hashes equal an earlier one (one process "
+                                  "holds every hash; at scale set false: the sharded MinHash step removes the same).")
 
 
 @dataclass

@@ -107,14 +107,22 @@ def _mean_len(words: List[str]) -> float:
     return sum(len(w) for w in words) / max(1, len(words))
 
 
+def repeats(items: List[str]) -> Tuple[int, int]:
+    """(items equal to an earlier item, their characters): Gopher's repetition count (datatrove's
+    find_duplicates), shared by `gopher` and the datatrove-parity filters."""
+    seen, dup, chars = set(), 0, 0
+    for x in items:
+        if x in seen:
+            dup += 1
+            chars += len(x)
+        else:
+            seen.add(x)
+    return dup, chars
+
+
 def _dup_lines(lines: List[str]) -> Tuple[float, float]:
     """(fraction of lines repeating an earlier line, fraction of characters in them)."""
-    seen, dup, dup_chars = set(), 0, 0
-    for line in lines:
-        if line in seen:
-            dup += 1
-            dup_chars += len(line)
-        seen.add(line)
+    dup, dup_chars = repeats(lines)
     return dup / max(1, len(lines)), dup_chars / max(1, sum(len(x) for x in lines))
 
 

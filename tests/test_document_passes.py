@@ -86,3 +86,28 @@ def test_a_finished_part_is_not_redone_and_a_damaged_one_is(corpus, tmp_path, ca
     err = capsys.readouterr().err
     assert "redoing filter-00001-of-00003" in err and "changed since it was written" in err
     assert [p.stat().st_mtime_ns == before[p] for p in parts] == [True, False, True]
+
+
+def test_exact_copies_left_to_the_sharded_minhash_step_leave_the_same_corpus(corpus, tmp_path):
+    """normalize.exact_dedup holds every content hash in one process; at scale it can be off, because the MinHash
+    step finds exact copies too (equal content hashes, sharded by hash range) and keeps the same earliest one."""
+    root, docs = corpus
+    dup = root / "with-copies.jsonl"
+    copies = [{**docs[k], "id": f"copy-of-{docs[k]['id']}"} for k in (0, 2, 4, 9, 11)]
+    dup.write_text("".join(json.dumps(d) + "\n" for d in [*docs[:40], *copies, *docs[40:80]]))
+    kept, exact_removed = [], []
+    for exact in (True, False):
+        work = tmp_path / f"exact-{exact}"
+        cfg = load_config("demo", [f"input.paths=['{dup}']", "fetch=[]", f"work_dir='{work}'",
+                                   f"output_dir='{work}/out'", f"tokenizer.path='{work}/tok'", "dedup.shards=2",
+                                   "dedup.workers=1", f"normalize.exact_dedup={exact}", "decontaminate.enabled=false"])
+        for stage in ("prepare", "signatures", "buckets", "verify", "clusters", "write", "filter"):
+            run_stage(cfg, stage)
+        kept.append([json.loads(x)["id"] for p in sorted((work / "filter").glob("part-*.jsonl"))
+                     for x in p.read_text().splitlines()])
+        removed = [json.loads(x) for name in ("normalize_removed.jsonl", "dedup/parts/removed-00000-of-00002.jsonl",
+                                              "dedup/parts/removed-00001-of-00002.jsonl")
+                   for x in (work / name).read_text().splitlines()]
+        exact_removed.append(sorted((r["id"], r["duplicate_of"]) for r in removed if r["method"] == "exact"))
+    assert kept[0] == kept[1] and len(kept[0]) > 60
+    assert exact_removed[0] == exact_removed[1] and len(exact_removed[0]) >= 5

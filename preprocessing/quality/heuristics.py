@@ -16,7 +16,7 @@ from typing import Callable, List, Tuple
 from unicodedata import category
 
 from ..config import C4Config, FilterConfig, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
-from ..filters import FilterDoc, Rule, register_filter
+from ..filters import FilterDoc, Rule, register_filter, repeats
 from .words import split_into_words, split_keeping_space
 
 # datatrove.utils.text.TERMINAL_PUNCTUATION (sentence-ending characters of many scripts), then the rest of
@@ -72,18 +72,6 @@ class _Words:
             cls.words = split_into_words(text)
             cls.text = text
         return cls.words
-
-
-def _duplicates(items: List[str]) -> Tuple[int, int]:
-    """datatrove's find_duplicates: (items equal to an earlier item, their characters)."""
-    seen, dup, chars = set(), 0, 0
-    for x in items:
-        if x in seen:
-            dup += 1
-            chars += len(x)
-        else:
-            seen.add(x)
-    return dup, chars
 
 
 def _is_punct(token: str) -> bool:
@@ -204,7 +192,7 @@ def gopher_repetition(cfg: FilterConfig) -> List[Rule]:
         if memo["text"] is not d.text:
             paras = _PARAGRAPHS.split(d.text.strip())
             lines = _LINES.split(d.text)
-            memo.update(text=d.text, paras=(*_duplicates(paras), len(paras)), lines=(*_duplicates(lines), len(lines)))
+            memo.update(text=d.text, paras=(*repeats(paras), len(paras)), lines=(*repeats(lines), len(lines)))
         return memo
 
     rules = [(True, "empty", lambda d: bool(d.text)),
@@ -288,7 +276,7 @@ def fineweb(cfg: FilterConfig) -> List[Rule]:
         ("line_punct_ratio", punct_ok),
         ("short_line_ratio", lambda d: not sum(1 for x in lines(d) if len(x) <= c.short_line_length) / len(lines(d))
          > c.short_line_thr),
-        ("char_dup_ratio", lambda d: not _duplicates(lines(d))[1] / (len(d.text) - d.text.count("\n"))
+        ("char_dup_ratio", lambda d: not repeats(lines(d))[1] / (len(d.text) - d.text.count("\n"))
          > c.char_duplicates_ratio),
         ("list_ratio", lambda d: not d.text.count("\n") / len(_Words.of(d.text)) > c.new_line_ratio),
     ]
