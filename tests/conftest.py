@@ -128,8 +128,9 @@ def pytest_sessionstart(session):
     """The test process computes on one thread (numpy's BLAS, torch's intra-op pool): its unit tests run beside
     the shared training launches, which already hold both cores, and a second spinning thread only takes time
     from them. Subprocesses (training, make targets) keep their own settings."""
-    threadpool_limits(1)
+    import scipy.optimize  # noqa: F401 - scipy brings its own OpenBLAS: loaded now, so that the limit reaches it
     import torch  # heavy; imported here so the limit is set before any test computes
+    threadpool_limits(1)
     torch.set_num_threads(1)
 
 

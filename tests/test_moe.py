@@ -113,16 +113,18 @@ def moe_tp2_ep2(root, runs):
                               "schedule.train_iters=8", f"schedule.lr_decay={STEPS}"]}
 
 
-def assert_equal_where_routed_alike(ours: list, ref: list, tol: float, flips_allowed: int) -> None:
+def assert_equal_where_routed_alike(ours: list, ref: list, tol: float, routed_alike_through: int) -> None:
     """Per step: the same tokens per expert in every layer (logged) -> losses within `tol`. Another layout sums in
     another order, so router logits differ by float rounding and, at a near-tie, top-k sends a token (1 in
-    2,048 measured) to another expert: that step's loss moves by 1e-6..1e-4. Such steps are counted, not
-    compared at `tol`; at most `flips_allowed`, each within 1e-3."""
+    2,048 measured) to another expert: that step's loss moves by 1e-6..1e-4, and from then on the weights differ
+    by that much, so later steps route differently more often (ep2 on the demo corpus: first at step 13, then
+    16-20). Every step up to the first routing difference is compared at `tol`, every later one within 1e-3;
+    the first difference must come after step `routed_alike_through`."""
     flips = [r["step"] for r, q in zip(ref, ours, strict=True) if r["moe_layers"] != q["moe_layers"]]
     for r, q in zip(ref, ours, strict=True):
-        bound = 1e-3 if r["step"] in flips else tol
+        bound = 1e-3 if flips and r["step"] >= flips[0] else tol
         assert abs(q["loss"] - r["loss"]) < bound, (r["step"], q["loss"], r["loss"], flips)
-    assert len(flips) <= flips_allowed, flips
+    assert not flips or flips[0] > routed_alike_through, flips
 
 
 @pytest.mark.slow
@@ -130,13 +132,13 @@ def assert_equal_where_routed_alike(ours: list, ref: list, tol: float, flips_all
 def test_expert_parallel_layouts_equal_one_process(moe_reference, moe_runs, layout):
     ref, ours = moe_reference["ep1"], moe_runs(layout)
     assert len(ours) == STEPS and ref[-1]["loss"] < ref[0]["loss"] - 0.5                # it learns
-    assert_equal_where_routed_alike(ours, ref, 1e-6, flips_allowed=3)
+    assert_equal_where_routed_alike(ours, ref, 1e-6, routed_alike_through=STEPS // 2)
 
 
 @pytest.mark.slow
 def test_tensor_and_expert_parallel_on_four_processes_equal_one_process(moe_reference, moe_tp2_ep2):
     # TP splits the reductions as well: 4.1e-6 measured where the routing matched
-    assert_equal_where_routed_alike(moe_tp2_ep2("tp2-ep2"), moe_reference["ep1"][:8], 1e-5, flips_allowed=1)
+    assert_equal_where_routed_alike(moe_tp2_ep2("tp2-ep2"), moe_reference["ep1"][:8], 1e-5, routed_alike_through=6)
 
 
 @pytest.mark.slow
@@ -164,7 +166,7 @@ def test_moe_resume_is_exact_and_an_ep2_checkpoint_continues_at_ep1(moe_runs, mo
     assert [r["step"] for r in resumed] == [r["step"] for r in uninterrupted] == list(range(SAVE_AT + 1, STEPS + 1))
     assert [r["loss"] for r in resumed] == [r["loss"] for r in uninterrupted]
     assert [r["step"] for r in resharded] == list(range(SAVE_AT + 1, STEPS + 1))
-    assert_equal_where_routed_alike(resharded, uninterrupted, 1e-6, flips_allowed=1)
+    assert_equal_where_routed_alike(resharded, uninterrupted, 1e-6, routed_alike_through=SAVE_AT + 3)
     meta = json.loads((moe_runs.root / "ep2-alltoall" / "checkpoints" / f"step_{SAVE_AT:08d}" / "meta.json")
                       .read_text())
     assert meta["engine_state"]["layout"]["ep"] == 2
