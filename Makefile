@@ -104,7 +104,7 @@ tokenize: $(STAMP)  ## INPUT=<jsonl> TOKENIZER=<dir|.model> OUTPUT=<prefix>: -> 
 	@test -n "$$INPUT" -a -n "$$OUTPUT" -a -n "$$TOKENIZER" || { echo "usage: make tokenize INPUT=<jsonl> TOKENIZER=<path> OUTPUT=<prefix>"; exit 2; }
 	$(PY) -m preprocessing.tokenize_indexed --input "$$INPUT" --tokenizer "$$TOKENIZER" --output "$$OUTPUT"
 
-bench-preprocess: $(STAMP)  ## tokenization vs encode_batch_fast (50 MB), dedup of 200K docs per step, dedup recall/precision, quality filters vs datatrove -> docs/
+bench-preprocess: $(STAMP)  ## tokenization (50 MB), dedup per step (200K docs), dedup recall (tuning + held out), components, language ID, filters vs datatrove, document passes per task -> docs/
 	$(PY) -m preprocessing.bench
 
 bench-train: $(STAMP)  ## our loop vs a bare loop, tokens/s side by side -> docs/bench-train.md

@@ -15,9 +15,11 @@
 * quality filters (preprocessing/bench/quality.py): gopher_quality, gopher_repetition, c4 and fineweb against
   datatrove 0.10.1's on the same documents, agreement and docs/s per core -> docs/preprocessing.md;
 * dedup held out (preprocessing/bench/heldout.py): the frozen dedup defaults on corpora they were not chosen on
-  (other seeds, edit models, source code, templated pages) -> docs/dedup.md.
+  (other seeds, edit models, source code, templated pages) -> docs/dedup.md;
+* document passes (preprocessing/bench/passes.py): the corpus-gpt2 filter and decontaminate tasks and the split, each
+  in its own process: docs per CPU second, peak RSS per task, the 1B-document extrapolation -> docs/preprocessing.md.
 
-    python -m preprocessing.bench [--tokenize-mb 50] [--dedup-docs 200000] [--only tokenize,...,filters,heldout]
+    python -m preprocessing.bench [--tokenize-mb 50] [--dedup-docs 200000] [--only tokenize,...,heldout,passes]
 """
 from __future__ import annotations
 
@@ -31,12 +33,13 @@ from typing import List
 
 from .heldout import heldout_table
 from .language import bench_language
+from .passes import bench_passes
 from .planted import quality_table
 from .quality import bench_filters
 from .tuning_similarity import similarity_table
 
 REPO = Path(__file__).resolve().parents[2]            # the repository root (bench -> preprocessing -> root)
-PARTS = ("tokenize", "scale", "quality", "language", "components", "filters", "heldout")
+PARTS = ("tokenize", "scale", "quality", "language", "components", "filters", "heldout", "passes")
 
 
 def replace_block(path: Path, marker: str, lines: List[str]) -> None:
@@ -81,6 +84,8 @@ def main(argv: List[str] | None = None) -> int:
         replace_block(REPO / "docs" / "preprocessing.md", "quality-parity", [machine, ""] + bench_filters())
     if "heldout" in parts:
         replace_block(REPO / "docs" / "dedup.md", "heldout-table", [machine, ""] + heldout_table())
+    if "passes" in parts:
+        replace_block(REPO / "docs" / "preprocessing.md", "passes-scale", [machine, ""] + bench_passes())
     print(page.read_text())
     return 0
 
