@@ -18,8 +18,9 @@ as a job chained with afterok, a sharded stage as a job array:
     write (kept/removed parts; dedup.shards)         job array, afterok: clusters
     filter (quality filters, PII; one task per part) job array, afterok: the write array
     decontaminate (eval n-grams; one task per part)  job array, afterok: the filter array
-    split (held-out splits, tokenizer)               one job,   afterok: the decontaminate array
-    tokenize (tokenize.shards tasks)                 job array, afterok: split
+    split (held-out splits; one task per part)       job array, afterok: the decontaminate array
+    tokenizer (train or load; no split empty)        one job,   afterok: the split array
+    tokenize (tokenize.shards tasks)                 job array, afterok: tokenizer
     merge (one .bin/.idx per split, blend.json)      one job,   afterok: the tokenize array
 
 Everything goes under `<work_dir>/slurm/`: the resolved config every job reads

@@ -17,7 +17,7 @@ from common.slurm_values import JobStepConfig
 from .evalsets import DEFAULT_BIGBENCH
 
 STAGE_NAMES = ("prepare", "signatures", "buckets", "verify", "clusters", "write", "filter", "decontaminate", "split",
-               "tokenize", "merge")
+               "tokenizer", "tokenize", "merge")
 
 
 @dataclass

@@ -143,16 +143,26 @@ def split_of(doc_id: str, valid: float, test: float, seed: int) -> str:
     return "valid" if u < valid else "test" if u < valid + test else "train"
 
 
-def split_stage(cfg: PreprocessConfig, pieces: List[Piece], work: Path) -> Dict[str, Path]:
-    """The records of `pieces` (in order) into split/{train,valid,test}.jsonl by id hash, one record in memory
-    at a time; resumable. A split that would be empty is refused (raise its fraction)."""
-    outs = {s: work / "split" / f"{s}.jsonl" for s in SPLITS}
+def split_paths(work: Path, k: int, n: int) -> Dict[str, Path]:
+    """Part k of n of each held-out split: split/<split>.<k>-of-<n>.jsonl."""
+    return {s: work / "split" / f"{s}.{k:05d}-of-{n:05d}.jsonl" for s in SPLITS}
+
+
+def split_files(work: Path, n: int) -> Dict[str, List[Path]]:
+    """Every part of each split, in order: together, the split's documents in corpus order."""
+    return {s: [split_paths(work, k, n)[s] for k in range(n)] for s in SPLITS}
+
+
+def split_part(cfg: PreprocessConfig, pieces: List[Piece], work: Path, k: int, n: int) -> Dict[str, int]:
+    """The records of `pieces` (part k of n, in order) into the three splits' part k by id hash, one record in
+    memory at a time; resumable. Returns documents per split."""
+    outs = split_paths(work, k, n)
     settings = [json.loads(json.dumps(cfg.split, default=vars)), [(str(p), a, b) for p, a, b in pieces]]
-    marker = Marker(work / "split", "split", fingerprint(settings, sorted({p for p, _, _ in pieces})))
-    done = marker.done()
+    inputs = sorted({p for p, _, _ in pieces})
+    marker = Marker(work / "split", f"split-{k:05d}-of-{n:05d}", fingerprint(settings, inputs))
+    done = marker.done(announce=False)
     if done is not None:
-        print_summary("splits (by document, finished earlier)", done)
-        return outs
+        return done
     tmps = {s: p.with_name(p.name + ".tmp") for s, p in outs.items()}
     outs["train"].parent.mkdir(parents=True, exist_ok=True)
     counts, bad = Counter({s: 0 for s in SPLITS}), BadInput()
@@ -166,15 +176,27 @@ def split_stage(cfg: PreprocessConfig, pieces: List[Piece], work: Path) -> Dict[
     finally:
         for f in files.values():
             f.close()
-    empty = [s for s in SPLITS if counts[s] == 0]
-    if empty or bad.bad:
+    if bad.bad:
         for tmp in tmps.values():
             tmp.unlink()
-        raise RuntimeError(f"split {empty} got no documents from {dict(counts)}; raise split.*_fraction" if empty
-                           else f"split: {bad.bad} unreadable records:\n{bad.describe()}\nFix: rerun the stage "
-                                "that wrote them.")
+        raise RuntimeError(f"split part {k}: {bad.bad} unreadable records:\n{bad.describe()}\nFix: rerun the stage "
+                           "that wrote them.")
     for s in SPLITS:
         tmps[s].replace(outs[s])
-    print_summary("splits (by document)", dict(counts))
     marker.mark(dict(counts), outputs=outs.values())
-    return outs
+    return dict(counts)
+
+
+def split_counts(work: Path, n: int) -> Dict[str, int]:
+    """Documents per split over all n parts, from the parts' markers; a missing part or an empty split raises."""
+    total: Counter = Counter({s: 0 for s in SPLITS})
+    for k in range(n):
+        marker = work / "split" / f".done-split-{k:05d}-of-{n:05d}.json"
+        if not marker.is_file():
+            raise FileNotFoundError(f"{marker} missing: split part {k} of {n} has not finished (python -m "
+                                    f"preprocessing.pipeline --stage split --shard {k})")
+        total.update({s: json.loads(marker.read_text())[s] for s in SPLITS})
+    empty = [s for s in SPLITS if total[s] == 0]
+    if empty:
+        raise RuntimeError(f"split {empty} got no documents from {dict(total)}; raise split.*_fraction")
+    return dict(total)

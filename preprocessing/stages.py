@@ -14,7 +14,8 @@ inputs and settings is skipped). Built in:
     filter      quality filters (language, Gopher, C4, FineWeb...) and text transforms (PII), one task per
                 part (the write step's parts, or filters.shards byte ranges without dedup) -> filter/part-*
     decontaminate  eval items' 13-grams removed or masked (decontaminate.enabled), one task per part
-    split       the last pass's parts in order -> split/<split>.jsonl, one record in memory; tokenizer
+    split       the last pass's part k -> split/<split>.k-of-n.jsonl, one task per part, one record in memory
+    tokenizer   one job: no split empty; the tokenizer trained on the train split's parts (or loaded)
     tokenize    .bin/.idx per split, tokenize.shards tasks  -> <output_dir>/[shards/]
     merge       shards merged in order, blend.json          -> <output_dir>/blend.json
 
@@ -54,7 +55,9 @@ from .parts import (
     print_pass_summary,
     range_pieces,
     run_part,
-    split_stage,
+    split_counts,
+    split_files,
+    split_part,
     whole,
 )
 from .records import BadInput, Piece, read_documents, write_jsonl
@@ -90,9 +93,9 @@ def _settings(obj) -> dict:
     return json.loads(json.dumps(obj, default=lambda o: vars(o)))
 
 
-def _jsonl_input(cfg: PreprocessConfig, path: Path) -> InputConfig:
-    return InputConfig(paths=[str(path)], format="jsonl", text_field=cfg.input.text_field,
-                       id_field=cfg.input.id_field, max_bad_fraction=0.0)
+def _jsonl_input(cfg: PreprocessConfig, paths: Path | List[Path]) -> InputConfig:
+    return InputConfig(paths=[str(p) for p in (paths if isinstance(paths, list) else [paths])], format="jsonl",
+                       text_field=cfg.input.text_field, id_field=cfg.input.id_field, max_bad_fraction=0.0)
 
 
 def _needs(path: Path, stage: str) -> Path:
@@ -140,19 +143,27 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     return out
 
 
-def tokenizer_stage(cfg: PreprocessConfig, train_split: Path):
+def tokenizer_stage(cfg: PreprocessConfig, train_parts: List[Path]):
+    """The data's tokenizer: trained on the train split's parts, in order (tokenizer.train, once), or loaded."""
     spec = cfg.tokenizer
     if spec.train:
         settings = _settings(spec)
         if not spec.fim_sentinels:      # off: the fingerprint of tokenizers trained before the field existed
             settings.pop("fim_sentinels")
-        marker = Marker(Path(spec.path).parent, "tokenizer", fingerprint(settings, [train_split]))
+        marker = Marker(Path(spec.path).parent, "tokenizer", fingerprint(settings, train_parts))
         if marker.done() is None:
-            texts = (json.loads(line)[cfg.input.text_field] for line in open(train_split, encoding="utf-8"))
+            texts = (json.loads(line)[cfg.input.text_field] for part in train_parts
+                     for line in open(part, encoding="utf-8"))
             tok = train_bpe(texts, spec.vocab_size, spec.min_frequency, spec.path,
                             FIM_SENTINELS if spec.fim_sentinels else ())
             marker.mark({"vocab_size": tok.vocab_size}, outputs=[spec.path])
     return load_tokenizer(spec.type, spec.path, threads=cfg.tokenize.workers)
+
+
+def _split_files(cfg: PreprocessConfig) -> Dict[str, List[Path]]:
+    """Each split's parts (the split stage's outputs), checked present."""
+    return {s: [_needs(p, "split") for p in paths] for s, paths in split_files(Path(cfg.work_dir),
+                                                                              part_count(cfg)).items()}
 
 
 # ---- the built-in stages -----------------------------------------------------------------------
@@ -258,25 +269,33 @@ register_pass("decontaminate", DecontaminatePass, DecontaminatePass.settings_of,
               enabled=lambda cfg: cfg.decontaminate.enabled)
 
 
-@register_stage("split")
-def split_and_tokenizer(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
-    """The last document pass's parts, in order, into the held-out splits; then the tokenizer (trained on the
-    train split when tokenizer.train)."""
-    work, source = Path(cfg.work_dir), _source_of(cfg, "split")
-    splits = split_stage(cfg, [piece for k in range(part_count(cfg)) for piece in source(k)], work)
-    tokenizer_stage(cfg, splits["train"])
-    return {}
+@register_stage("split", shards=part_count)
+def split_parts(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+    """The last document pass's part k into part k of each held-out split (one array task per part)."""
+    work, n, source = Path(cfg.work_dir), part_count(cfg), _source_of(cfg, "split")
+    counts = add_summaries([split_part(cfg, source(k), work, k, n) for k in (range(n) if shard is None else [shard])])
+    print_summary("splits (by document)" + ("" if shard is None else f": part {shard + 1} of {n}"), counts)
+    return counts
+
+
+@register_stage("tokenizer")
+def tokenizer(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
+    """One job once every split part is there: no split may be empty; the tokenizer trained on the train split's
+    parts (tokenizer.train) or loaded."""
+    counts = split_counts(Path(cfg.work_dir), part_count(cfg))
+    print_summary("splits (by document, every part)", counts)
+    tok = tokenizer_stage(cfg, _split_files(cfg)["train"])
+    return {"vocab_size": tok.vocab_size}
 
 
 @register_stage("tokenize", shards=lambda cfg: cfg.tokenize.shards)
 def tokenize(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
-    work = Path(cfg.work_dir)
-    tok = tokenizer_stage(cfg, _needs(work / "split" / "train.jsonl", "split"))
+    files = _split_files(cfg)
+    tok = tokenizer_stage(cfg, files["train"])
     n = cfg.tokenize.shards
     for split in SPLITS:
-        path = _needs(work / "split" / f"{split}.jsonl", "split")
         for k in range(n) if shard is None else [shard]:      # shard k reads only its k-th byte range
-            tokenize_to_indexed(_jsonl_input(cfg, path), tok, _split_part(cfg, split, k), cfg.tokenize,
+            tokenize_to_indexed(_jsonl_input(cfg, files[split]), tok, _split_part(cfg, split, k), cfg.tokenize,
                                 None if n == 1 else (k, n))
     return {}
 
@@ -290,7 +309,7 @@ def config_fingerprint(cfg: PreprocessConfig) -> str:
 
 @register_stage("merge")
 def merge(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
-    work, out = Path(cfg.work_dir), Path(cfg.output_dir)
+    out = Path(cfg.output_dir)
     counts = {}
     for split in SPLITS:
         prefix = out / f"{split}_text_document"
@@ -298,7 +317,7 @@ def merge(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
             counts[split] = json.loads(_needs(Path(f"{prefix}.json"), "tokenize").read_text())
         else:
             counts[split] = merge_indexed([_split_part(cfg, split, k) for k in range(cfg.tokenize.shards)], prefix)
-    tok = tokenizer_stage(cfg, work / "split" / "train.jsonl")
+    tok = tokenizer_stage(cfg, _split_files(cfg)["train"])
     blend = write_blend(out / "blend.json", {s: [(1.0, f"{s}_text_document")] for s in SPLITS},
                         tokenizer={"type": cfg.tokenizer.type, "path": cfg.tokenizer.path,
                                    "vocab_size": tok.vocab_size, "eod": tok.eod},

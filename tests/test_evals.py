@@ -57,7 +57,8 @@ def test_eval_data_and_make_eval_offline(layout_runs, single_rank_megatron, bigb
                           "they are more likely to fear.\nThe above reasoning is",
                           "choices": ["correct", "incorrect"], "gold": 0}
     heldout = [json.loads(line)["text"] for line in (tasks / "heldout_demo_bpe4k.jsonl").read_text().splitlines()]
-    test_split = (REPO / "data/demo/work/split/test.jsonl").read_text().splitlines()
+    test_split = [x for p in sorted((REPO / "data/demo/work/split").glob("test.*.jsonl"))
+                  for x in p.read_text().splitlines()]
     assert len(heldout) == len(test_split) == 92       # every document of data/demo/bpe4k's test split
 
     layout_runs("tp2")

@@ -37,7 +37,8 @@ def words_of(doc: FilterDoc) -> set:
 def split_stats(cfg, shard=None):
     """A stage of our own between filter and tokenize: documents per split -> <work_dir>/split_stats.json."""
     work = Path(cfg.work_dir)
-    counts = {s: len((work / "split" / f"{s}.jsonl").read_text().splitlines()) for s in ("train", "valid", "test")}
+    counts = {s: sum(len(p.read_text().splitlines()) for p in (work / "split").glob(f"{s}.*.jsonl"))
+              for s in ("train", "valid", "test")}
     (work / "split_stats.json").write_text(json.dumps(counts))
     return counts
 
@@ -56,7 +57,8 @@ def overrides(corpus: Path, root: Path) -> list:
             f"tokenizer.path='{root}/out/tokenizer'", "tokenizer.vocab_size=1024", "split.valid_fraction=0.1",
             "split.test_fraction=0.1", "dedup.workers=1", "dedup.shards=2",
             "filters.names=[gopher,test_banned_word]", f"+filters.params.banned_word={BANNED}",
-            "stages=[prepare,signatures,buckets,verify,clusters,write,filter,split,test_split_stats,tokenize,merge]"]
+            "stages=[prepare,signatures,buckets,verify,clusters,write,filter,split,test_split_stats,tokenizer,tokenize,"
+            "merge]"]
 
 
 def check_outputs(root: Path) -> int:
@@ -75,7 +77,8 @@ def check_outputs(root: Path) -> int:
     assert not any(BANNED in words_of(FilterDoc.of(r["text"])) for r in kept)
     tok, documents = load_tokenizer("hf", out / "tokenizer"), 0
     for split in ("train", "valid", "test"):
-        ids = {r["id"] for r in map(json.loads, (work / "split" / f"{split}.jsonl").read_text().splitlines())}
+        ids = {r["id"] for p in (work / "split").glob(f"{split}.*.jsonl")
+               for r in map(json.loads, p.read_text().splitlines())}
         assert not ids & set(rejected)
         ds = IndexedDataset(str(out / f"{split}_text_document"))
         documents += len(ds)

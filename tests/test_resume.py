@@ -12,7 +12,7 @@ import pytest
 from preprocessing.config import InputConfig, PreprocessConfig, TokenizerSpec
 from preprocessing.fetch import fetch
 from preprocessing.markers import Marker
-from preprocessing.parts import split_stage, whole
+from preprocessing.parts import split_part, split_paths, whole
 from preprocessing.stages import normalize_stage, tokenizer_stage
 from tests.conftest import REPO
 
@@ -127,31 +127,32 @@ def test_split_and_tokenizer_training_rebuild_what_was_damaged(tmp_path, capsys)
     cfg = PreprocessConfig(output_dir=str(tmp_path / "out"), work_dir=str(work),
                            tokenizer=TokenizerSpec(path=str(tmp_path / "out" / "tokenizer"), train=True,
                                                    vocab_size=300, min_frequency=2))
-    splits = split_stage(cfg, whole(src), work)
-    tokenizer_stage(cfg, splits["train"])
+    split_part(cfg, whole(src), work, 0, 1)
+    train = [split_paths(work, 0, 1)["train"]]
+    tokenizer_stage(cfg, train)
     first_work, first_out = files(work), files(tmp_path / "out")
     assert "tokenizer/tokenizer.json" in first_out and "tokenizer/merges.txt" in first_out
     capsys.readouterr()
-    splits = split_stage(cfg, whole(src), work)
-    tokenizer_stage(cfg, splits["train"])
+    split_part(cfg, whole(src), work, 0, 1)
+    tokenizer_stage(cfg, train)
     err = capsys.readouterr().err
-    assert files(work) == first_work and files(tmp_path / "out") == first_out
-    assert "split: finished earlier and its 3 recorded output(s)" in err and "valid" in err
+    assert files(work) == first_work and files(tmp_path / "out") == first_out             # nothing rewritten
     assert "tokenizer: finished earlier and its 4 recorded output(s)" in err     # every file of the directory
 
-    damage(work / "split" / "valid.jsonl", "delete")
+    valid = split_paths(work, 0, 1)["valid"]
+    damage(valid, "delete")
     damage(tmp_path / "out" / "tokenizer" / "merges.txt", "in place")
-    splits = split_stage(cfg, whole(src), work)
-    tokenizer_stage(cfg, splits["train"])
+    split_part(cfg, whole(src), work, 0, 1)
+    tokenizer_stage(cfg, train)
     err = capsys.readouterr().err
-    assert f"redoing split: {work / 'split' / 'valid.jsonl'} is missing" in err
+    assert f"redoing split-00000-of-00001: {valid} is missing" in err
     # the split was rewritten (new mtime of train.jsonl): the tokenizer is retrained on it either way
     assert "redoing tokenizer: its settings or inputs changed" in err
     assert {k: v[1] for k, v in files(tmp_path / "out").items() if not k.startswith(".done")} == \
         {k: v[1] for k, v in first_out.items() if not k.startswith(".done")}
     capsys.readouterr()
     damage(tmp_path / "out" / "tokenizer" / "merges.txt", "in place")
-    tokenizer_stage(cfg, splits["train"])
+    tokenizer_stage(cfg, train)
     err = capsys.readouterr().err
     assert f"redoing tokenizer: {tmp_path / 'out' / 'tokenizer' / 'merges.txt'} changed since it was written" in err
     assert (tmp_path / "out" / "tokenizer" / "merges.txt").read_bytes() == first_out["tokenizer/merges.txt"][1]

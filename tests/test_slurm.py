@@ -169,7 +169,7 @@ def test_preprocessing_array_jobs_write_the_bytes_of_the_local_run(slurm, demo_d
                  "dedup.bucket_tasks=2 tokenize.shards=2 slurm.partition=debug slurm.cpus_per_task=1 "
                  "slurm.time=00:20:00")
     stages = ("prepare", "signatures", "buckets", "verify", "clusters", "write", "filter", "decontaminate", "split",
-              "tokenize", "merge")
+              "tokenizer", "tokenize", "merge")
     logs = work / "slurm" / "logs"
 
     def submit() -> list:
@@ -203,16 +203,16 @@ def test_preprocessing_array_jobs_write_the_bytes_of_the_local_run(slurm, demo_d
     info = wait_for(ids[-1], timeout=600)
     assert info["JobState"] == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in sorted(logs.glob("*.out")))
     assert {p: p.stat().st_mtime_ns for p in before} == before          # finished shards were not redone
-    for array in (ids[2], ids[9]):             # every task of both 2-task arrays ran and completed
+    for array in (ids[2], ids[10]):             # every task of both 2-task arrays ran and completed
         assert states(array) == ["COMPLETED", "COMPLETED"]
     for name in ("kept", "removed"):           # the write step's one part (S=1) is the local run's 4 parts
         ref_parts = sorted((ref_work / "dedup" / "parts").glob(f"{name}-*-of-00004.jsonl"))
         assert len(ref_parts) == 4
         assert (work / "dedup" / "parts" / f"{name}-00000-of-00001.jsonl").read_bytes() == \
             b"".join(p.read_bytes() for p in ref_parts), name
-    for split in ("train", "valid", "test"):    # the filter pass's one part (S=1) is the local run's 4 parts
-        name = Path("split") / f"{split}.jsonl"
-        assert (work / name).read_bytes() == (ref_work / name).read_bytes(), name
+    for split in ("train", "valid", "test"):    # the split's one part (S=1) is the local run's 4 parts
+        assert (work / "split" / f"{split}.00000-of-00001.jsonl").read_bytes() == \
+            b"".join(p.read_bytes() for p in sorted((ref_work / "split").glob(f"{split}.*-of-00004.jsonl"))), split
     tokenizer = Path("tokenizer") / "tokenizer.json"
     assert (out / tokenizer).read_bytes() == (demo_data / tokenizer).read_bytes()
     for split in ("train", "valid", "test"):

@@ -65,7 +65,7 @@ def site_scripts(tmp_path, recipe="gpt-7b", overrides=()):
 
 
 def test_the_cluster_profile_reaches_every_job_and_step(tmp_path):
-    """Container (pyxis), srun arguments, account, setup and env reach the training job's steps and the eleven
+    """Container (pyxis), srun arguments, account, setup and env reach the training job's steps and the twelve
     preprocessing jobs `make pretrain` submits for a missing blend; CPUs and threads follow the launcher."""
     job, train, stages = site_scripts(tmp_path)
     container = ("'--container-image=nvcr.io#nvidia/pytorch:25.09-py3' "
@@ -78,7 +78,7 @@ def test_the_cluster_profile_reaches_every_job_and_step(tmp_path):
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in train and "export IN_JOB_ENVIRONMENT=1" in train
     gb = float(re.search(r"--min-free-gb (\S+)", train).group(1))
     assert gb == pytest.approx(14 * 6.66e9 * (job.checkpoint.keep_last + 1) / 1e9, rel=0.01)   # 14 B/param x 4
-    assert len(stages) == 11
+    assert len(stages) == 12
     for stage, text in stages.items():
         assert directives(text)["account"] == '"proj"' and "module load cuda\n" in text, stage
         assert f"exec srun {container} --ntasks=1 --nodes=1 python -m preprocessing.pipeline" in text, stage
@@ -145,7 +145,7 @@ def test_make_preprocess_dry_run_is_one_flag_and_false_submits_for_real(flag, tm
     assert flag in ("", "0", "false", "No")
     submissions = log.read_text().splitlines()
     stages = ("prepare", "signatures", "buckets", "verify", "clusters", "write", "filter", "decontaminate", "split",
-              "tokenize", "merge")
+              "tokenizer", "tokenize", "merge")
     assert [Path(s.split()[-1]).name for s in submissions] == [f"{s}.sbatch" for s in stages]
     assert submissions[0] == f"--parsable {work / 'slurm' / 'prepare.sbatch'}"
     assert all(s.startswith(f"--parsable --dependency=afterok:{100 + i} --kill-on-invalid-dep=yes ")
@@ -163,7 +163,7 @@ def test_make_preprocess_local_dry_run_lists_the_stages_and_bad_values_stop_it(t
                  "filters.shards=3"]) == 0
     out = capsys.readouterr().out
     assert ("#   prepare\n#   filter (3 shards, one after another)\n#   decontaminate (3 shards, one after another)\n"
-            "#   split\n"
+            "#   split (3 shards, one after another)\n#   tokenizer\n"
             "#   tokenize (2 shards, one after another)\n#   merge") in out
     assert not (tmp_path / "work").exists()
     monkeypatch.setenv("LAUNCHER", "slurm")

@@ -7,7 +7,7 @@ import pytest
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 
 from preprocessing import tokenize_indexed
-from preprocessing.config import InputConfig, PreprocessConfig, TokenizeConfig, TokenizerSpec
+from preprocessing.config import DedupConfig, InputConfig, PreprocessConfig, TokenizeConfig, TokenizerSpec
 from preprocessing.fetch import fetch
 from preprocessing.indexed_io import optimal_dtype
 from preprocessing.records import BadInput, cut
@@ -24,7 +24,8 @@ def test_demo_pipeline_output_opens_and_every_document_matches(demo_data):
     assert tok.vocab_size == 4096
     for split in ("train", "valid", "test"):
         ds = IndexedDataset(str(demo_data / f"{split}_text_document"))
-        texts = [json.loads(x)["text"] for x in open(REPO / f"data/demo/work/split/{split}.jsonl")]
+        texts = [json.loads(x)["text"] for part in sorted((REPO / "data/demo/work/split").glob(f"{split}.*.jsonl"))
+                 for x in open(part)]
         assert len(ds) == len(texts) and ds.index.dtype == np.uint16
         limit = len(texts) if split != "train" else 400
         for i in range(limit):
@@ -90,12 +91,12 @@ def test_tokenize_shards_merge_to_the_bytes_of_one_pass(tmp_path, monkeypatch):
     split_dir.mkdir(parents=True)
     for split, docs in {"train": ["a long first document " * 60, "second", "third one", "fourth"],
                         "valid": ["only a long one " * 40, "and a short one"], "test": ["just one document"]}.items():
-        (split_dir / f"{split}.jsonl").write_text("".join(json.dumps({"id": f"{split}{i}", "text": t}) + "\n"
-                                                          for i, t in enumerate(docs)))
+        (split_dir / f"{split}.00000-of-00001.jsonl").write_text(                 # the split stage's one part
+            "".join(json.dumps({"id": f"{split}{i}", "text": t}) + "\n" for i, t in enumerate(docs)))
     outs = {}
     for shards, workers in ((1, 1), (3, 2)):
         out = tmp_path / f"out{shards}"
-        cfg = PreprocessConfig(work_dir=str(tmp_path / "work"), output_dir=str(out),
+        cfg = PreprocessConfig(work_dir=str(tmp_path / "work"), output_dir=str(out), dedup=DedupConfig(shards=1),
                                tokenizer=TokenizerSpec(type="gpt2", path=fetch("gpt2-tokenizer")),
                                tokenize=TokenizeConfig(shards=shards, workers=workers))
         tokenize(cfg, None)

@@ -1,8 +1,8 @@
 """The document passes at scale: docs/s per CPU second and peak RSS of each array task, and the 1B extrapolation.
 
 The `corpus-gpt2` pipeline's passes (filter: language ID, Gopher repetition and quality, C4, FineWeb, then PII;
-decontaminate: the four BIG-bench tasks' 13-grams) and the split that joins them, run as SLURM runs them: every
-part of every pass in its own process (`python -m preprocessing.pipeline --stage <pass> --shard k`), one after
+decontaminate: the four BIG-bench tasks' 13-grams) and the held-out split, run as SLURM runs them: every
+part of every stage in its own process (`python -m preprocessing.pipeline --stage <pass> --shard k`), one after
 another. The corpus is the demo's documents repeated under new ids (paragraphs of plays and verse, ~1,200 words
 each) at N and 2N documents with the same documents per part, so per-task memory must stay where it is while
 the corpus doubles. CPU seconds and peak RSS are each child's own (wait4).
@@ -61,9 +61,8 @@ def measure(n: int, work: Path) -> Dict[str, dict]:
     stage = [sys.executable, "-m", "preprocessing.pipeline", "--config", str(resolved), "--stage"]
     _child(stage + ["prepare"])
     out: Dict[str, dict] = {}
-    for name, shards in (("filter", parts), ("decontaminate", parts), ("split", None)):
-        runs = [_child(stage + [name] + ([] if shards is None else ["--shard", str(k)]))
-                for k in range(shards or 1)]
+    for name in ("filter", "decontaminate", "split"):
+        runs = [_child(stage + [name, "--shard", str(k)]) for k in range(parts)]
         docs = n if name == "filter" else _kept(work, "filter" if name == "decontaminate" else "decontaminate")
         out[name] = {"tasks": len(runs), "docs": docs, "cpu_s": sum(c for c, _ in runs),
                      "peak_mib": max(m for _, m in runs)}
@@ -90,7 +89,7 @@ def bench_passes() -> List[str]:
     for name in ("filter", "decontaminate", "split"):
         small, big = rows[SIZES[0]][name], rows[SIZES[1]][name]
         rate = big["docs"] / big["cpu_s"]
-        tasks_1b = f"{BILLION // PER_PART:,}" if name != "split" else "1 (streaming)"
+        tasks_1b = f"{BILLION // PER_PART:,}"
         lines.append(f"| {name} | {small['tasks']} / {big['tasks']} | {small['docs'] / small['cpu_s']:,.0f} / "
                      f"{rate:,.0f} | {small['peak_mib']:.0f} / {big['peak_mib']:.0f} | "
                      f"{BILLION / rate / 3600:,.0f}, {tasks_1b} |")
