@@ -116,18 +116,6 @@ def print_pass_summary(title: str, summary: Dict[str, Any]) -> None:
     print_summary(title, rows)
 
 
-def finished_parts(cfg: PreprocessConfig, name: str, settings: Any, inputs_of: Callable[[int], List[Path]],
-                   n: int) -> Optional[List[Dict[str, Any]]]:
-    """Every part's summary when all n parts of pass `name` are finished (markers stand), else None."""
-    out = []
-    for k in range(n):
-        done = _marker(cfg, name, k, n, settings, inputs_of(k)).done(announce=False)
-        if done is None:
-            return None
-        out.append(done)
-    return out
-
-
 def range_pieces(path: Path, k: int, n: int) -> List[Piece]:
     """Part k of n of one plain JSONL file, by bytes."""
     return byte_shard([str(path)], k, n)

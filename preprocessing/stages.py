@@ -29,7 +29,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
 from tqdm import tqdm
 
@@ -230,7 +230,7 @@ def part_count(cfg: PreprocessConfig) -> int:
     return cfg.dedup.shards if cfg.dedup.enabled else cfg.filters.shards
 
 
-PASSES: Dict[str, str] = {}          # the document-pass stages -> the title of their summary
+PASSES: Set[str] = set()            # the stages registered by register_pass (they read and write parts)
 
 
 def _source_of(cfg: PreprocessConfig, stage: str) -> Callable[[int], List[Piece]]:
@@ -260,7 +260,7 @@ def register_pass(name: str, make: Callable[[PreprocessConfig], DocumentPass],
         total = add_summaries(summaries)
         print_pass_summary(title if shard is None else f"{title}: part {shard + 1} of {n}", total)
         return total
-    PASSES[name] = title
+    PASSES.add(name)
     register_stage(name, shards=part_count, enabled=enabled)(run)
 
 
