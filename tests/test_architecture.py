@@ -25,7 +25,7 @@ HEAVY = {"torch", "megatron", "deepspeed", "transformers", "lm_eval", "matplotli
 # two tables read by the precision rules: the fusions' kernel probes and the GPU types with FP8.
 CONFIG_MAY_IMPORT = {"pretrain.engines.registry", "pretrain.optim.registry", "pretrain.observability.trackers.registry",
                      "pretrain.schedules", "pretrain.engines.deepspeed.ds_config", "preprocessing.config",
-                     "pretrain.model.fusions", "pretrain.plan.hardware"}
+                     "pretrain.model.fusions", "pretrain.plan.hardware", "pretrain.peft.registry"}
 
 
 def modules(root: Path) -> dict[str, Path]:

@@ -24,6 +24,7 @@ from common.registry import import_modules
 from .derive import derive
 from .epochs import check_epochs
 from .keys import key_problems, type_name
+from .peft import distill_problems
 from .schema import JobConfig
 from .validate import ConfigError, validate
 
@@ -96,6 +97,7 @@ def finalize(cfg: DictConfig, recipe: Optional[str] = None) -> JobConfig:
     try:
         import_modules(job.imports, source)
         validate(job)
+        check_teacher(job)
     except ConfigError as err:
         raise ConfigError(err.problems, source=source) from None
     job = derive(job)
@@ -103,6 +105,25 @@ def finalize(cfg: DictConfig, recipe: Optional[str] = None) -> JobConfig:
     for warning in check_epochs(job, source):       # reads the blend's .idx headers: needs derived.train_tokens
         _warn(f"WARNING {source}: {warning}")
     return job
+
+
+def teacher_of(job: JobConfig) -> Optional[JobConfig]:
+    """The composed `distill.teacher_recipe` (with `distill.teacher_overrides`), or None without distillation."""
+    d = job.distill
+    return load_recipe(d.teacher_recipe, d.teacher_overrides) if d.enabled else None
+
+
+def check_teacher(job: JobConfig) -> None:
+    """The distill section's rules, which need the teacher recipe composed (its vocabulary, shape)."""
+    problems: list[str] = []
+    teacher = None
+    try:
+        teacher = teacher_of(job)
+    except ConfigError as err:
+        problems += [f"distill.teacher_recipe={job.distill.teacher_recipe}: {p}" for p in err.problems]
+    distill_problems(job, teacher, problems.append)
+    if problems:
+        raise ConfigError(problems)
 
 
 def _warn(text: str) -> None:

@@ -10,22 +10,17 @@ IN_JOB_ENVIRONMENT=1 (launch/templates/sbatch.j2), which reaches the container's
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Callable
 
 from ..model.fusions import missing_required
 from ..plan.hardware import FP8_TYPES, MXFP8_TYPES
+from .environment import environment_here
 from .schema import JobConfig
 
 FP8_FORMATS = (None, "e4m3", "hybrid")
 FP8_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
 TE_FIX = ("install it (pip install -e '.[gpu]' on a CUDA machine, docs/gpu.md) or run in a container that has it "
           "(cluster.container_image, e.g. an NGC PyTorch image)")
-
-
-def environment_here(cfg: JobConfig) -> bool:
-    """Whether this process sees the packages the job will run with: no container image, or inside the job."""
-    return not cfg.cluster.container_image or os.environ.get("IN_JOB_ENVIRONMENT") == "1"
 
 
 def has_transformer_engine() -> bool:

@@ -20,6 +20,7 @@ from preprocessing.config import TokenizerConfig
 from .data import FimConfig
 from .moe import MoEConfig
 from .observability import StragglerConfig
+from .peft import DistillConfig, PeftConfig
 
 
 @dataclass
@@ -384,6 +385,10 @@ class JobConfig:
     parallel: ParallelConfig = doc(None, "Engine and parallel layout.", factory=ParallelConfig)
     deepspeed: DeepSpeedConfig = doc(None, "DeepSpeed engine settings (ZeRO stage, offload, template).",
                                      factory=DeepSpeedConfig)
+    peft: PeftConfig = doc(None, "Parameter-efficient training on a frozen base: LoRA, adapters, P-tuning.",
+                           factory=PeftConfig)
+    distill: DistillConfig = doc(None, "Knowledge distillation from a frozen teacher recipe and checkpoint.",
+                                 factory=DistillConfig)
     optim: OptimConfig = doc(None, "Optimizer.", factory=OptimConfig)
     schedule: ScheduleConfig = doc(None, "LR schedule and run length.", factory=ScheduleConfig)
     batch: BatchConfig = doc(None, "Batch sizes and ramp.", factory=BatchConfig)

@@ -16,6 +16,7 @@ from .data import document_mask_problems, fim_problems
 from .derive import batch_ramp, pipeline_stage_layers
 from .moe import moe_problems
 from .observability import downstream_problems, straggler_problems, tracker_problems
+from .peft import peft_problems
 from .precision import precision_problems
 from .schema import DTYPES, DeepSpeedConfig, JobConfig
 
@@ -185,6 +186,7 @@ def validate(cfg: JobConfig) -> None:
     fim_problems(cfg, add)
     document_mask_problems(cfg, add)
     downstream_problems(cfg, add)
+    peft_problems(cfg, add)
 
     # Engines
     if p.engine == "deepspeed":

@@ -26,7 +26,7 @@ _LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 
 
-def _seed_for(seed: int, name: str) -> int:
+def seed_for(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
@@ -41,15 +41,15 @@ def global_name(name: str, layer_offset: int, tied: bool, expert_offset: int = 0
     return name
 
 
-def _full_tensor(cfg: JobConfig, name: str, full_shape, std: float, device) -> torch.Tensor:
+def full_tensor(cfg: JobConfig, name: str, full_shape, std: float, device) -> torch.Tensor:
     # Drawn where the parameter lives: on GPUs a full 175B-scale matrix takes milliseconds there,
     # minutes on the host. CPU and CUDA generators give different streams, so equal layouts
     # are guaranteed per device type, not between a CPU and a GPU run.
-    g = torch.Generator(device=device).manual_seed(_seed_for(cfg.seed, name))
+    g = torch.Generator(device=device).manual_seed(seed_for(cfg.seed, name))
     return torch.randn(full_shape, generator=g, dtype=torch.float32, device=device) * std
 
 
-def _shard(cfg: JobConfig, name: str, full: torch.Tensor, dim: int, tp: int, rank: int) -> torch.Tensor:
+def tp_shard(cfg: JobConfig, name: str, full: torch.Tensor, dim: int, tp: int, rank: int) -> torch.Tensor:
     if name.endswith("linear_fc1.weight") and cfg.model.activation == "swiglu":     # dense, expert, shared
         # A TP rank's fc1 rows are [gate shard; up shard] (MLP chunks its local output in two).
         gate, up = full.chunk(2, dim=0)
@@ -86,6 +86,6 @@ def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int,
             full_shape[dim] *= ways
         p_std = scaled if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
         with gather(param):
-            full = _full_tensor(cfg, name, full_shape, p_std, "cpu" if cfg.model.init_on_cpu else param.device)
-            value = _shard(cfg, name, full, dim, ways, index) if split else full
+            full = full_tensor(cfg, name, full_shape, p_std, "cpu" if cfg.model.init_on_cpu else param.device)
+            value = tp_shard(cfg, name, full, dim, ways, index) if split else full
             param.copy_(value.to(param.device, param.dtype))
