@@ -20,6 +20,12 @@ def render(plan: dict) -> str:
     mem = plan["memory_per_gpu_gib"]
     lay = plan["layout"]
     hours = plan["time_to_budget_hours"]
+    formula = "4N + 6N_added + 12*L*s*H*Q: no weight grads of the frozen base" if "peft" in plan else \
+        "6N + 12*L*s*H*Q"
+    if "distill" in plan:
+        formula += " + the teacher's forward"
+    teacher = (f" + teacher weights {mem['teacher_weights']:.2f} + teacher activations {mem['teacher_activations']:.2f}"
+               if "distill" in plan else "")
     lines = [
         f"plan for {plan['recipe']}",
         f"  parameters        {plan['params']:,} ({human(plan['params'])}; non-embedding "
@@ -29,11 +35,12 @@ def render(plan: dict) -> str:
         f"  batch             micro {lay['micro_batch']} x {lay['num_microbatches']} micro-batches x DP "
         f"{lay['dp']} = {lay['global_batch']} sequences",
         f"  tokens per step   {plan['tokens_per_step']:,}",
-        f"  FLOPs per token   {plan['flops_per_token']:.4g} (6N + 12*L*s*H*Q; with recompute "
+        f"  FLOPs per token   {plan['flops_per_token']:.4g} ({formula}; with recompute "
         f"{plan['flops_per_token_hardware']:.4g})",
         f"  FLOPs per step    {plan['flops_per_step']:.4g}",
         f"  memory per GPU    {mem['total']:.2f} GiB = weights {mem['weights']:.2f} + grads {mem['grads']:.2f} "
-        f"+ optimizer {mem['optimizer']:.2f} + activations {mem['activations']:.2f} (PP stage {plan['memory_stage']})",
+        f"+ optimizer {mem['optimizer']:.2f} + activations {mem['activations']:.2f}{teacher} "
+        f"(PP stage {plan['memory_stage']})",
         f"  Chinchilla tokens {human(plan['chinchilla_tokens'])} (20 x params); budget {human(plan['train_tokens'])} "
         f"tokens in {plan['train_iters']:,} steps",
     ]
@@ -44,6 +51,19 @@ def render(plan: dict) -> str:
                         f"({human(moe['params_active'])}); EP="
                         f"{moe['expert_parallel']} ({moe['dispatcher']}): "
                         f"{moe['token_exchange_bytes_per_rank_per_step'] / 2**30:.2f} GiB exchanged per rank per step")
+    if "peft" in plan:
+        pe = plan["peft"]
+        lines.insert(2, f"  PEFT              {pe['method']} {pe['detail']}: {pe['trainable_params']:,} trained "
+                        f"({pe['trainable_fraction']:.3%} of the base; {human(pe['trainable_params_per_gpu'])} per "
+                        f"GPU) on a frozen base (weights only: no grads, fp32 master or optimizer state); "
+                        f"{pe['frozen_wgrad_flops_per_token_skipped']:.4g} weight-grad FLOPs/token skipped")
+    if "distill" in plan:
+        di = plan["distill"]
+        lines.insert(2, f"  distillation      teacher {di['teacher_recipe']} ({di['teacher_params']:,} params, "
+                        f"{di['teacher_layers']} layers) at the student's layout, forward only: "
+                        f"{di['teacher_forward_flops_per_token']:.4g} FLOPs/token, weights "
+                        f"{di['teacher_weights_gib']:.2f} GiB + activations {di['teacher_activations_gib']:.2f} "
+                        "GiB per GPU")
     if hours is not None:
         lines.append(f"  time to budget    {hours:,.1f} h ({hours / 24:,.1f} days) on {plan['gpus']} x "
                      f"{plan['gpu_type']} at {plan['mfu']:.1%} MFU, {plan['mfu_source']} "

@@ -6,10 +6,11 @@ from typing import Optional
 
 from ..config.derive import derive
 from ..config.schema import JobConfig
-from ..model.inventory import count_params, flops_per_token
+from ..model.inventory import count_params
 from .hardware import DEVICES, peak_tflops
 from .memory import memory_per_gpu, stage_param_bytes
 from .moe import moe_plan
+from .peft import added_params, teacher_at, training_flops
 from .perf import rates, shape, step_time
 
 CHINCHILLA_TOKENS_PER_PARAM = 20   # Hoffmann et al. 2022, compute-optimal rule of thumb
@@ -34,7 +35,8 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] =
     """`mfu`: None takes the step-time model's (else ASSUMED_MFU); a number overrides it (MFU=...)."""
     d = cfg.derived
     params = count_params(cfg)
-    flops = flops_per_token(cfg, params)
+    teacher = teacher_at(cfg)
+    flops = training_flops(cfg, params, teacher)
     gpus = gpus or d.world_size
     half = cfg.precision.half
     peak = peak_tflops(cfg.cluster.gpu_type, half)
@@ -78,7 +80,34 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] =
     }
     if cfg.moe.enabled:     # FLOPs above already count the active parameters only (inventory's `matmul`)
         plan["moe"] = moe_plan(cfg, params)
+    if cfg.peft.enabled:
+        plan["peft"] = peft_plan(cfg, params, flops)
+    if teacher is not None:
+        plan["distill"] = distill_plan(cfg, teacher, flops, mem)
     return plan
+
+
+def peft_plan(cfg: JobConfig, params: dict, flops: dict) -> dict:
+    """The trained (added) parameters beside the frozen base; the FLOPs per token the frozen base saves."""
+    pe, stages = cfg.peft, stage_param_bytes(cfg)
+    worst = max(range(len(stages)), key=lambda i: stages[i][2])
+    detail = {"lora": f"r={pe.lora_rank} on {','.join(pe.lora_targets)}", "adapter": f"dim {pe.adapter_dim}",
+              "ptuning": f"{pe.ptuning_tokens} virtual tokens, encoder hidden {pe.ptuning_hidden}"}[pe.method]
+    trained = added_params(cfg)
+    return {"method": pe.method, "detail": detail, "trainable_params": trained, "frozen_params": params["total"],
+            "trainable_fraction": trained / params["total"], "trainable_params_per_gpu": stages[worst][2],
+            "frozen_wgrad_flops_per_token_skipped": flops["frozen_wgrad_skipped"],
+            "added_flops_per_token": flops["added"], "base_checkpoint": pe.base_checkpoint}
+
+
+def distill_plan(cfg: JobConfig, teacher: JobConfig, flops: dict, mem: dict) -> dict:
+    """The teacher: its size, its forward FLOPs per token, and what it holds per GPU."""
+    n = count_params(teacher)["total"]
+    return {"teacher_recipe": cfg.distill.teacher_recipe, "teacher_overrides": list(cfg.distill.teacher_overrides),
+            "teacher_params": n, "teacher_layers": teacher.model.num_layers,
+            "teacher_forward_flops_per_token": flops["teacher"],
+            "teacher_weights_gib": round(mem["teacher_weights"], 4),
+            "teacher_activations_gib": round(mem["teacher_activations"], 4)}
 
 
 def human(n: float) -> str:

@@ -9,10 +9,16 @@ Sources (formulas in docs/planner.md):
   Transformer Models", eq. 1-2 and table 2, generalised to GQA, any FFN width and SwiGLU;
   context parallelism divides the sequence (and so every activation) by CP; the interleaved
   schedule keeps (1 + (p-1)/(p*v)) times the 1F1B activations on the first stage (ibid., sec. 4.2.3).
+  Selective recompute keeps no attention scores, but where they are materialised (unfused attention)
+  the backward recomputes one layer's at a time: that layer's scores are added once.
 * MoE: a rank holds 1/EP of the experts, split over the expert TP degree; with the distributed
   optimizer their states are sharded over the expert-data-parallel ranks (world / (ETP x EP x PP)).
   An MoE layer's MLP activations are those of top-k expert MLPs per token (tokens spread evenly over
   experts: the balanced case), plus the permuted expert inputs and the router's fp32 logits.
+* PEFT: the frozen base's weights and activations as above, grads and optimizer state of the added
+  parameters only (plus their weights and activations; peft.py). Distillation: the teacher's weights at
+  the student's TP, and its forward working set: one layer's activations (what it would keep for backward
+  bounds what one layer's forward holds at once) plus its fp32 logits [micro x seq x vocab/TP] for the KL.
 """
 from __future__ import annotations
 
@@ -20,6 +26,13 @@ from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
 from ..model.inventory import embedding_tensors, head_tensors, layer_kinds, layer_tensors, stage_tensors
 from ..optim.registry import OPTIMIZERS
+from .peft import (
+    added_activation_bytes_per_layer,
+    layer_added_tensors,
+    prompt_activation_bytes,
+    prompt_tensors,
+    teacher_at,
+)
 
 GIB = 1024**3
 
@@ -75,14 +88,21 @@ def activation_bytes_per_layer(cfg: JobConfig, granularity: str | None = "recipe
     mlp = s * b * f * gate * e / t + s * b * f * e / t                   # act input + fc2 input
     if moe:
         mlp = _moe_mlp_bytes(cfg, s * b / sp, e)
-    core = 0.0
-    # data.document_mask on CPU materialises the scores whatever the backend says (pretrain/data/packing.py)
-    flash = m.attention_backend in ("flash", "fused", "auto") and not doc_mask(cfg)
-    if granularity != "selective" and not flash:
-        # softmax output, plus dropout mask and output when attention dropout is on
-        drop = (1 + e) if m.attention_dropout > 0 else 0
-        core = a * s * s * b * (e + drop) / t
+    core = scores_bytes(cfg) if granularity != "selective" else 0.0
     return replicated + attention + mlp + core
+
+
+def scores_bytes(cfg: JobConfig) -> float:
+    """One layer's materialised attention scores on one rank (0 with flash attention): the softmax output, plus
+    the dropout mask and output when attention dropout is on. Selective recompute drops them from what the
+    layer keeps, but recomputes them in its backward: one layer's are then alive at a time."""
+    m, p = cfg.model, cfg.parallel
+    # data.document_mask on CPU materialises the scores whatever the backend says (pretrain/data/packing.py)
+    if m.attention_backend in ("flash", "fused", "auto") and not doc_mask(cfg):
+        return 0.0
+    s, b, e = m.seq_length // p.context_parallel_size, cfg.batch.micro_batch_size, _bytes_per_element(cfg)
+    drop = (1 + e) if m.attention_dropout > 0 else 0
+    return m.num_attention_heads * s * s * b * (e + drop) / p.tensor_model_parallel_size
 
 
 def _moe_mlp_bytes(cfg: JobConfig, tokens: float, e: int) -> float:
@@ -100,8 +120,9 @@ def _moe_mlp_bytes(cfg: JobConfig, tokens: float, e: int) -> float:
     return out
 
 
-def stage_param_bytes(cfg: JobConfig, cache: dict | None = None) -> list[tuple[int, float]]:
-    """(parameters, optimizer-state bytes) per pipeline stage on one TP rank, before any DP sharding.
+def stage_param_bytes(cfg: JobConfig, cache: dict | None = None) -> list[tuple[float, float, float]]:
+    """(parameters, optimizer-state bytes, trained parameters) per pipeline stage on one TP rank, before any DP
+    sharding; under PEFT the optimizer state and trained parameters are the added ones only.
     Depends on the model, TP and the PP split only: `cache` (a dict) memoises it across layouts."""
     p = cfg.parallel
     tp, ep, cp = p.tensor_model_parallel_size, p.expert_model_parallel_size, p.context_parallel_size
@@ -111,13 +132,20 @@ def stage_param_bytes(cfg: JobConfig, cache: dict | None = None) -> list[tuple[i
     if cache is not None and key in cache:
         return cache[key]
     out = []
-    for tensors in stage_tensors(cfg):
+    layers = pipeline_stage_layers(cfg.model.num_layers, p.pipeline_model_parallel_size,
+                                   p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage)
+    for i, tensors in enumerate(stage_tensors(cfg)):
         dense, experts = [t for t in tensors if not t.expert], [t for t in tensors if t.expert]
         n = sum(t.per_rank(tp) for t in dense) + sum(t.per_rank(tp, ep, etp) for t in experts)
         # Expert states are sharded over expert-DP = DP x TP x CP / (ETP x EP) ranks; memory_per_gpu
         # divides every state by DP, so they enter scaled by DP / expert-DP.
         expert_state = optimizer_state_bytes(cfg, experts, etp) / ep * (etp * ep) / (tp * cp) if experts else 0.0
-        out.append((n, optimizer_state_bytes(cfg, dense, tp) + expert_state))
+        if cfg.peft.enabled:     # the base is frozen: only what PEFT adds has grads and optimizer state
+            added = layer_added_tensors(cfg) * layers[i] + (prompt_tensors(cfg) if i == 0 else [])
+            trained = sum(t.per_rank(tp) for t in added)
+            out.append((n + trained, optimizer_state_bytes(cfg, added, tp), trained))
+            continue
+        out.append((n, optimizer_state_bytes(cfg, dense, tp) + expert_state, n))
     if cache is not None:
         cache[key] = out
     return out
@@ -139,12 +167,17 @@ def memory_per_gpu(cfg: JobConfig, cache: dict | None = None) -> dict:
     vpp = p.virtual_pipeline_model_parallel_size
     interleave = 1 + (pp - 1) / (pp * vpp) if vpp and pp > 1 else 1.0
 
+    if cfg.peft.enabled and p.recompute_granularity != "full":    # full recompute repeats the added modules too
+        added = added_activation_bytes_per_layer(cfg, s * b, e)
+        per_kind = {kind: value + added for kind, value in per_kind.items()}
+    teacher = teacher_at(cfg)
+
     best = None
-    for i, (n, state_bytes) in enumerate(stage_param_bytes(cfg, cache)):
+    for i, (n, state_bytes, trained) in enumerate(stage_param_bytes(cfg, cache)):
         weights = n * e / (dp if zero >= 3 else 1)
         if cfg.precision.fp8:    # Transformer Engine caches each GEMM weight in FP8 and its transpose: 2 bytes
             weights += n * 2
-        grads = n * grad_bytes / (dp if zero >= 2 else 1)
+        grads = trained * grad_bytes / (dp if zero >= 2 else 1)
         optimizer = state_bytes / (dp if zero >= 1 else 1)
         if p.engine == "deepspeed" and cfg.deepspeed.offload_optimizer:
             optimizer = 0.0
@@ -154,14 +187,34 @@ def memory_per_gpu(cfg: JobConfig, cache: dict | None = None) -> dict:
         stage_layers = sum(per_kind[kind] for kind in kinds[first:first + layers[i]])
         activations = stage_layers * max(1, in_flight - i) * (interleave if i == 0 else 1.0)
         if p.recompute_granularity == "full":   # the recomputed group's working set in backward
-            activations += activation_bytes_per_layer(cfg, None) * min(layers[i], p.recompute_num_layers)
+            working = activation_bytes_per_layer(cfg, None) + (added_activation_bytes_per_layer(cfg, s * b, e)
+                                                               if cfg.peft.enabled else 0.0)
+            activations += working * min(layers[i], p.recompute_num_layers)
+        if p.recompute_granularity == "selective":    # the recomputed scores of the layer in backward
+            activations += scores_bytes(cfg)
+        if i == 0:
+            activations += prompt_activation_bytes(cfg, e) * max(1, in_flight)
         if doc_mask(cfg):                        # one bool [b, 1, s, s] mask per micro-batch, shared by the layers
             activations += s * s * b * max(1, in_flight - i)
         if i == pp - 1:                          # fp32 logits for the cross entropy
             activations += 4 * s * b * d.padded_vocab_size / tp
         stage = {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": activations}
+        if teacher is not None:
+            stage.update(teacher_bytes(teacher))
         stage["total"] = sum(stage.values())
         stage["stage"] = i
         if best is None or stage["total"] > best["total"]:
             best = stage
     return {k: (v / GIB if k != "stage" else v) for k, v in best.items()}
+
+
+def teacher_bytes(teacher: JobConfig) -> dict:
+    """A distillation teacher on one rank (`teacher`: peft.teacher_at's, at the student's layout; PP=1): its
+    weights in the run's dtype, and its forward's working set, its largest layer's activations plus its fp32
+    logits."""
+    n = sum(stage[0] for stage in stage_param_bytes(teacher))
+    layer = max(activation_bytes_per_layer(teacher, None, moe=kind) for kind in set(layer_kinds(teacher)))
+    s, b = teacher.model.seq_length // teacher.parallel.context_parallel_size, teacher.batch.micro_batch_size
+    logits = 4 * s * b * teacher.derived.padded_vocab_size / teacher.parallel.tensor_model_parallel_size
+    return {"teacher_weights": n * _bytes_per_element(teacher),
+            "teacher_activations": layer + logits}

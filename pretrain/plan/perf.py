@@ -28,7 +28,10 @@ principles, then the schedule, data-parallel reduction and optimizer are added:
   all-reduce, overlapped with the last micro-batch's backward (grads) and the first's forward
   (params) when the engine does so (megatron overlap_grad_reduce / overlap_param_gather;
   DeepSpeed overlap_comm in the templates); ZeRO-3 gathers weights every micro-batch;
-* optimizer: memory bound, ~34 bytes touched per locally held parameter (Adam, mixed precision).
+* optimizer: memory bound, ~34 bytes touched per locally held parameter (Adam, mixed precision);
+* PEFT: the frozen base's GEMMs skip their weight gradient (the output layer's too); the added GEMMs
+  (LoRA A and B, adapters) run forward, dgrad and wgrad; DP collectives and the optimizer see the added
+  parameters only. Distillation: each micro-batch adds the teacher's forward (teacher_seconds).
 
 Kernel rates on H100 are scaled by hardware.SUSTAINED_FRACTION, the one calibrated constant (its subset and
 procedure: docs/planner.md). Links: TP, CP and DP groups within a node use NVLink, groups that span nodes the per-GPU
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 
 from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
-from ..model.inventory import flops_per_token, layer_tensors
+from ..model.inventory import layer_tensors
 from .hardware import (
     ATTENTION_FRACTION,
     ATTENTION_MATMULS,
@@ -56,6 +59,7 @@ from .hardware import (
     device,
     peak_tflops,
 )
+from .peft import layer_added_tensors, teacher_at, training_flops
 
 DDP_BUCKET_PARAMS = 40e6   # megatron-core DDP bucket size (parameters); one collective per bucket
 ADAM_BYTES_TOUCHED = 34     # read fp32 master, grad, m, v (16) + write master, m, v (12) + bf16 param (2) + norm (4)
@@ -106,6 +110,8 @@ class Shape:
     unfused: bool = False            # attention_backend=unfused: s x s scores materialised
     attn_dropout: bool = False
     gemms: tuple = ()                # (out, in, split) of each layer GEMM weight, inventory order
+    frozen: bool = False             # PEFT: the base GEMMs compute no weight gradient
+    added: tuple = ()                # (out, in, split) of each GEMM PEFT adds to a layer
 
 
 def shape(cfg: JobConfig) -> Shape:
@@ -116,7 +122,8 @@ def shape(cfg: JobConfig) -> Shape:
                  ffn=d.ffn_hidden_size, gate=2 if m.activation == "swiglu" else 1,
                  rope=m.position_embedding_type == "rope", seq=m.seq_length, heads=m.num_attention_heads,
                  unfused=m.attention_backend == "unfused", attn_dropout=m.attention_dropout > 0,
-                 gemms=tuple((t.shape[0], t.shape[1], t.split) for t in tensors))
+                 gemms=tuple((t.shape[0], t.shape[1], t.split) for t in tensors), frozen=cfg.peft.enabled,
+                 added=tuple((t.shape[0], t.shape[1], t.split) for t in layer_added_tensors(cfg) if t.matmul))
 
 
 def gemm_seconds(m: float, n: float, k: float, rate: Rates, out_bytes: float) -> float:
@@ -132,11 +139,13 @@ def layer_gemms(sh: Shape, tokens: float, tp: int, rate: Rates, e: int) -> tuple
     backward GEMMs take as inputs (what FP8 casts). Column-parallel ("row" split: output features)
     and row-parallel ("col": input features) weights are cut by TP."""
     fwd = bwd = cast_f = cast_b = 0.0
-    for out, inp, split in sh.gemms:
-        n, k = (out / tp, inp) if split == "row" else (out, inp / tp) if split == "col" else (out, inp)
-        fwd += gemm_seconds(tokens, n, k, rate, e)
-        bwd += gemm_seconds(tokens, k, n, rate, e) + gemm_seconds(k, n, tokens, rate, MAIN_GRAD_BYTES)
-        cast_f, cast_b = cast_f + tokens * k, cast_b + tokens * n
+    for frozen, gemms in ((sh.frozen, sh.gemms), (False, sh.added)):
+        for out, inp, split in gemms:
+            n, k = (out / tp, inp) if split == "row" else (out, inp / tp) if split == "col" else (out, inp)
+            fwd += gemm_seconds(tokens, n, k, rate, e)
+            bwd += gemm_seconds(tokens, k, n, rate, e)
+            bwd += 0.0 if frozen else gemm_seconds(k, n, tokens, rate, MAIN_GRAD_BYTES)
+            cast_f, cast_b = cast_f + tokens * k, cast_b + tokens * n
     return fwd, bwd, cast_f, cast_b
 
 
@@ -185,22 +194,12 @@ def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[i
 
     g_fwd, g_bwd, cast_f, cast_b = layer_gemms(sh, tokens, tp, rate, e)
     attn_f, attn_b = _attention(sh, b, s, cp, tp, rate, e)
-    replicated = 10 * sh.hidden / (tp if p.sequence_parallel else 1)
-    act = (sh.gate + 1) * sh.ffn / tp
-    rope = 2 * (sh.q + sh.kv) / tp if sh.rope else 0
-    elem_f = tokens * (replicated + act + rope) * e / rate.hbm + KERNELS_PER_LAYER / 3 * KERNEL_GAP_S
-    elem_b = 2 * tokens * (replicated + act + rope) * e / rate.hbm + KERNELS_PER_LAYER * 2 / 3 * KERNEL_GAP_S
-    if rate.fp8:    # Transformer Engine casts each GEMM input to FP8 and writes a transposed copy for wgrad
-        elem_f, elem_b = elem_f + cast_f * (e + 2) / rate.hbm, elem_b + cast_b * (e + 2) / rate.hbm
+    elem_f, elem_b = _elementwise(sh, tokens, tp, p.sequence_parallel, rate, e, cast_f, cast_b)
     per_node = rate.per_node
-    tp_bw = group_bandwidth(rate, tp, 1)
     sp = p.sequence_parallel
-    one = _ring(tokens * sh.hidden * e, tp, tp_bw, 2.0 / (2 if sp else 1))   # one all-reduce, or one AG / RS
-    calls_f, calls_b = 2 * (2 if sp else 1), 2 * (2 if sp else 1)
+    one, calls_f, calls_b = _tp_collective(sh, tokens, tp, sp, rate, e)
     if rate.tp_overlap and sp and tp > 1:   # chunked behind the GEMMs: first chunk + what the GEMMs cannot hide
-        def hidden(comm, gemm):
-            return comm / tp + max(0.0, comm * (tp - 1) / tp - gemm)
-        tp_comm = hidden(calls_f * one, g_fwd) * (2 if full else 1) + hidden(calls_b * one, g_bwd)
+        tp_comm = _hidden(calls_f * one, g_fwd, tp) * (2 if full else 1) + _hidden(calls_b * one, g_bwd, tp)
     else:
         tp_comm = (calls_f * (2 if full else 1) + calls_b) * one
     cp_bw = group_bandwidth(rate, cp, tp)
@@ -217,9 +216,11 @@ def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[i
     vocab = d.padded_vocab_size
     n_vocab = vocab / tp
     head = (gemm_seconds(tokens, n_vocab, sh.hidden, rate, e) + gemm_seconds(tokens, sh.hidden, n_vocab, rate, e)
-            + gemm_seconds(sh.hidden, n_vocab, tokens, rate, MAIN_GRAD_BYTES)      # output layer fwd, dgrad, wgrad
+            + (0.0 if sh.frozen else gemm_seconds(sh.hidden, n_vocab, tokens, rate, MAIN_GRAD_BYTES))  # fwd, d/wgrad
             + 4 * 4 * tokens * vocab / tp / rate.hbm)                 # fp32 logits: write, max, exp-sum, grad
-    stage_times = [n * sum(layer.values()) + (head if i == pp - 1 else 0.0) for i, n in enumerate(layers)]
+    teacher = teacher_at(cfg)
+    teach = teacher_seconds(teacher, rate) if teacher is not None else 0.0   # PP=1: on the only stage
+    stage_times = [n * sum(layer.values()) + (head if i == pp - 1 else 0.0) + teach for i, n in enumerate(layers)]
     worst = max(range(pp), key=lambda i: stage_times[i])
     t_mb = stage_times[worst]
     n_layers = layers[worst]
@@ -232,7 +233,7 @@ def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[i
     slot = t_mb + p2p
     bubble = (pp - 1) / v * slot
 
-    n_local = stage_params[worst][0]
+    n_local = stage_params[worst][2]      # trained parameters: all of them, or PEFT's added ones
     grad_bytes = n_local * (4 if (e == 4 or cfg.precision.grad_reduce_in_fp32) else e)
     dp_bw = group_bandwidth(rate, dp, tp * cp)
     engine_ds = p.engine == "deepspeed"
@@ -260,15 +261,59 @@ def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[i
 
     out = {k: m * n_layers * val for k, val in layer.items()}
     out["head"] = m * (head if worst == pp - 1 else 0.0)
+    out["teacher"] = m * teach
     out["pp_p2p"] = m * p2p
     out["bubble"] = bubble
     out["dp_comm"] = dp_exposed
     out["optimizer"] = optimizer
     step = sum(out.values())
     out["recompute"] = m * n_layers * recompute_layer      # included above (part of gemm/attention/elementwise)
-    flops = flops_per_token(cfg, {"matmul": sh.matmul * cfg.model.num_layers + vocab * sh.hidden})
+    flops = training_flops(cfg, {"matmul": sh.matmul * cfg.model.num_layers + vocab * sh.hidden}, teacher)
     out["step"] = step
     out["mfu"] = flops["model"] * d.tokens_per_step / (step * d.world_size * rate.peak)
     out["tflops_per_gpu"] = out["mfu"] * rate.peak / 1e12
     out["hw_tflops_per_gpu"] = out["tflops_per_gpu"] * flops["hardware"] / flops["model"]
     return out
+
+
+def _elementwise(sh: Shape, tokens: float, tp: int, sp: bool, rate: Rates, e: int, cast_f: float,
+                 cast_b: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's memory-bound kernels on one rank."""
+    replicated = 10 * sh.hidden / (tp if sp else 1)
+    act = (sh.gate + 1) * sh.ffn / tp
+    rope = 2 * (sh.q + sh.kv) / tp if sh.rope else 0
+    elem_f = tokens * (replicated + act + rope) * e / rate.hbm + KERNELS_PER_LAYER / 3 * KERNEL_GAP_S
+    elem_b = 2 * tokens * (replicated + act + rope) * e / rate.hbm + KERNELS_PER_LAYER * 2 / 3 * KERNEL_GAP_S
+    if rate.fp8:    # Transformer Engine casts each GEMM input to FP8 and writes a transposed copy for wgrad
+        elem_f, elem_b = elem_f + cast_f * (e + 2) / rate.hbm, elem_b + cast_b * (e + 2) / rate.hbm
+    return elem_f, elem_b
+
+
+def _tp_collective(sh: Shape, tokens: float, tp: int, sp: bool, rate: Rates, e: int) -> tuple[float, int, int]:
+    """Seconds of one TP collective of a layer (an all-reduce, or one all-gather / reduce-scatter under SP), and
+    how many a layer's forward and backward run."""
+    one = _ring(tokens * sh.hidden * e, tp, group_bandwidth(rate, tp, 1), 2.0 / (2 if sp else 1))
+    return one, 2 * (2 if sp else 1), 2 * (2 if sp else 1)
+
+
+def _hidden(comm: float, gemm: float, tp: int) -> float:
+    """A TP collective chunked behind a GEMM: its first chunk and what the GEMM cannot hide stay exposed."""
+    return comm / tp + max(0.0, comm * (tp - 1) / tp - gemm)
+
+
+def teacher_seconds(teacher: JobConfig, rate: Rates) -> float:
+    """One micro-batch of a distillation teacher's forward on one rank (`teacher`: peft.teacher_at's): its
+    layers' forward GEMMs, core attention, element-wise kernels and forward TP collectives, its output layer,
+    and four passes over its fp32 logits (write, max, exp-sum, the KL's read). No backward, no recompute."""
+    sh, p = shape(teacher), teacher.parallel
+    tp, cp, sp = p.tensor_model_parallel_size, p.context_parallel_size, p.sequence_parallel
+    b, e = teacher.batch.micro_batch_size, 2 if teacher.precision.half else 4
+    tokens = b * sh.seq / cp
+    g_fwd, _, cast_f, _ = layer_gemms(sh, tokens, tp, rate, e)
+    attn_f, _ = _attention(sh, b, sh.seq, cp, tp, rate, e)
+    elem_f, _ = _elementwise(sh, tokens, tp, sp, rate, e, cast_f, 0.0)
+    one, calls_f, _ = _tp_collective(sh, tokens, tp, sp, rate, e)
+    comm = _hidden(calls_f * one, g_fwd, tp) if rate.tp_overlap and sp and tp > 1 else calls_f * one
+    vocab = teacher.derived.padded_vocab_size / tp
+    head = gemm_seconds(tokens, vocab, sh.hidden, rate, e) + 4 * 4 * tokens * vocab / rate.hbm
+    return teacher.model.num_layers * (g_fwd + attn_f + elem_f + comm) + head

@@ -12,7 +12,9 @@ micro-batch 1-8, recompute none / selective / full (1 layer per group). Not enum
 across nodes (TP divides the GPUs per node), uneven PP splits, CP with a sequence not
 divisible by 2 x CP (Transformer Engine's load-balanced split) or leaving a rank < 1024 tokens,
 micro-batches that do not divide the global batch over DP (the validator's own rule, applied
-early), EP (the model has no MoE layers: EP is 1), offload.
+early), EP (the model has no MoE layers: EP is 1), offload. With distillation, only the layouts the
+`distill` rules allow (megatron, PP = CP = 1, TP dividing the teacher's heads). With peft.method=lora, no
+CP: LoRA wraps megatron-core's local linears (pretrain/peft/lora.py), CP needs Transformer Engine's layers.
 """
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ from typing import Iterator, Optional
 from common.config import ConfigError
 
 from ..config.derive import derive
+from ..config.peft import distill_problems
 from ..config.schema import JobConfig
 from ..config.validate import validate
 from .hardware import device
 from .memory import memory_per_gpu, stage_param_bytes
+from .peft import composed_teacher
 from .perf import rates, shape, step_time
 
 MEMORY_MARGIN = 0.90      # keep 10% of device memory for the allocator's fragmentation, CUDA context, NCCL buffers
@@ -165,14 +169,24 @@ def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, tp
     rejected: dict[str, int] = {}
     results: list[Result] = []
     model_impl = base.model.transformer_impl
+    teacher = composed_teacher(base)
     for layout in candidates(scratch, gpus):
         if allow and any(getattr(layout, k) not in v for k, v in allow.items()):
             continue
         counts["enumerated"] += 1
+        if layout.cp > 1 and base.peft.method == "lora":
+            rejected["peft.method=lora (local layers, no CP)"] = rejected.get("peft.method=lora (local layers, no CP)",
+                                                                              0) + 1
+            continue
         scratch.model.transformer_impl = model_impl
         layout.apply(scratch, dp_overlap)
         try:
             validate(scratch)
+            if teacher is not None:       # what compose checks against the teacher: PP = CP = 1, TP dividing its heads
+                problems: list[str] = []
+                distill_problems(scratch, teacher, problems.append)
+                if problems:
+                    raise ConfigError(problems)
         except ConfigError as err:
             reason = err.problems[0].split("=")[0].split(" ")[0]
             rejected[reason] = rejected.get(reason, 0) + 1
