@@ -199,6 +199,7 @@ def main() -> int:
     if dry_run:
         return print_dry_run(job, recipe, run_dir, local)
     try:
+        check_frozen_inputs(job)
         preprocessing = ensure_data(job, local)
         check_epochs(job, "make pretrain")      # the blend a local launch just wrote (SLURM: the job's compose)
     except (ConfigError, FileNotFoundError, RuntimeError) as err:
@@ -223,6 +224,18 @@ def main() -> int:
             print(f"the preprocessing jobs {' '.join(preprocessing)} stay submitted (they only write data): "
                   f"cancel them with scancel {' '.join(preprocessing)}", file=sys.stderr)
         return 2
+
+
+def check_frozen_inputs(job) -> None:
+    """A PEFT base or a distillation teacher is another run's checkpoint: missing, the job would stop at its
+    first step (or wait in a SLURM queue to do so). Refused here, before anything is launched or submitted."""
+    for field, path in (("peft.base_checkpoint", job.peft.base_checkpoint),
+                        ("distill.teacher_checkpoint", job.distill.teacher_checkpoint)):
+        if path and not Path(path).exists():
+            recipe = job.distill.teacher_recipe if field.startswith("distill") else "<the base recipe>"
+            raise FileNotFoundError(f"{field}={path} does not exist. Fix: train it first (make pretrain RECIPE="
+                                    f"{recipe}; the tiny demos need `make pretrain RECIPE=gpt-tiny`), or point "
+                                    f"{field} at a checkpoint (`make import-hf` converts a Hugging Face model).")
 
 
 def print_dry_run(job, recipe: str, run_dir: Path, local: bool) -> int:

@@ -113,11 +113,12 @@ def fetch_bigbench_tasks():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Order: the unit tier, then the slow tests that read shared runs (they wait for the training that started
+    """Order: the unit tier (and the slow tests marked beside_training: a few seconds of their own spawned
+    ranks each), then the slow tests that read shared runs (they wait for the training that started
     with the session), then the other slow tests. The unit tier runs beside the training, on the core its
     launches leave idle; no slow test (timed drills, SLURM jobs) competes with it. Stable within each group."""
     def group(item) -> int:
-        if item.get_closest_marker("slow") is None:
+        if item.get_closest_marker("slow") is None or item.get_closest_marker("beside_training") is not None:
             return 0
         fixtures = set(getattr(item, "fixturenames", ()))
         return 1 if fixtures & (set(SETS) | {"session_runs", "reference"}) else 2

@@ -35,6 +35,7 @@ def _rank(rank: int, port: int, out: dict) -> None:
 
 
 @pytest.mark.slow           # 2 spawned processes importing megatron-core: ~8 s
+@pytest.mark.beside_training
 def test_context_parallel_loss_is_the_whole_sequences_mean_and_its_gradient():
     out = mp.Manager().dict()
     mp.spawn(_rank, args=(free_port(), out), nprocs=2, join=True)

@@ -244,14 +244,16 @@ class CheckpointStore:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def agreed_load(path: Path | str, checksums: bool = True, digests: bool = True) -> Decision:
-    """resolve() for a run's ranks (checkpoint.load): every rank gets the Decision and raises alike when
-    nothing is intact (an error on rank 0 alone would leave the others waiting)."""
+def agreed_load(path: Path | str, checksums: bool = True, digests: bool = True,
+                field: str = "checkpoint.load") -> Decision:
+    """resolve() for a run's ranks (`field`: checkpoint.load, peft.base_checkpoint, ...): every rank gets the
+    Decision and raises alike when nothing is intact (an error on rank 0 alone would leave the others waiting)."""
     path = Path(path)
     paths = [path] if (path / "meta.json").exists() else from_rank0(CheckpointStore(path).complete)
     decision = first_intact(paths, checksums, digests)
     if decision.found is None:
-        raise FileNotFoundError(_nothing_intact(path, decision))
+        raise FileNotFoundError(_nothing_intact(path, decision, fix=f"point {field} at a checkpoint directory "
+                                                                    "written by a run"))
     return decision
 
 

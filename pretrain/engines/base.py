@@ -32,6 +32,7 @@ class StepResult:
     rejected: bool = False      # skipped because the loop's spike policy said so
     z_loss: Optional[float] = None   # mean z-loss term (model.z_loss_coeff > 0), not included in `loss`
     moe: Optional[dict] = None       # MoE router losses and expert load (pretrain/engines/megatron/moe_stats.py)
+    distill: Optional[dict] = None   # kd_loss, teacher_loss (, hidden_loss) of a distillation step; `loss` is its CE
 
 
 def label_logprobs(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:

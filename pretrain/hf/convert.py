@@ -49,6 +49,7 @@ def single_process(cfg: JobConfig) -> JobConfig:
     d.parallel = OmegaConf.structured(type(cfg.parallel)())
     d.precision = OmegaConf.structured(type(cfg.precision)())
     d.deepspeed = OmegaConf.structured(type(cfg.deepspeed)())
+    d.distill = OmegaConf.structured(type(cfg.distill)())      # the student alone: no teacher is built
     d.cluster.nodes, d.cluster.devices_per_node, d.cluster.launcher = 1, 1, "local"
     d.batch.global_batch_size, d.batch.ramp_start = d.batch.micro_batch_size, None
     d.stability.watchdog_minutes = 0
@@ -78,14 +79,23 @@ def megatron_engine(cfg: JobConfig):
 
 
 def model_state(ck: Checkpoint, cfg: JobConfig) -> State:
-    """Whole fp32 tensors under GPTModel keys from a checkpoint of either engine and any layout."""
+    """Whole fp32 tensors under GPTModel keys from a checkpoint of either engine and any layout; a PEFT run's
+    added parameters folded into its base where they can be (pretrain/peft/)."""
     if ck.meta["engine_state"]["engine"] == "deepspeed":
         from ..engines.deepspeed.consolidate import consolidated_state_dict
         return consolidated_state_dict(ck.path)
+    state, peft = megatron_state(ck, cfg)
+    return peft.merge(state) if peft is not None else state
+
+
+def megatron_state(ck: Checkpoint, cfg: JobConfig):
+    """(whole state, the run's PEFT method or None) of a megatron-engine checkpoint. A PEFT run's engine loads
+    its frozen base from peft.base_checkpoint, then the checkpoint's added parameters on top; the state holds both."""
     from ..engines.megatron.checkpointing import unwrap
     engine = megatron_engine(cfg)
     engine.load_checkpoint(ck.engine_dir, ck.meta, weights_only=True)
-    return {k: v for k, v in unwrap(engine.model[0]).state_dict().items() if not k.endswith("_extra_state")}
+    state = {k: v for k, v in unwrap(engine.model[0]).state_dict().items() if not k.endswith("_extra_state")}
+    return state, engine.frozen.peft
 
 
 def hf_model_class(cfg: JobConfig):
@@ -109,7 +119,10 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
     if problems:
         raise ValueError(f"{ck.path}: cannot export to {architecture(cfg)}: " + "; ".join(problems))
     tok = run_tokenizer(cfg, "an export")
-    state = to_hf(model_state(ck, cfg), cfg, tok.vocab_size)
+    state, peft = megatron_state(ck, cfg) if ck.meta["engine_state"]["engine"] == "megatron" else (
+        model_state(ck, cfg), None)
+    whole = state
+    state = to_hf(peft.merge(whole) if peft is not None else whole, cfg, tok.vocab_size)
     model = hf_model_class(cfg)(hf_config(cfg, tok.vocab_size, bos=tok.eod, eos=tok.eod))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight" or cfg.model.untie_embeddings_and_output_weights]
@@ -120,10 +133,13 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(str(tmp))
     tok.save(tmp, max_length=cfg.derived.max_position_embeddings)
+    beside = [p.name for p in peft.side_files(whole, tmp)] if peft is not None else []
     (tmp / "export.json").write_text(json.dumps({
         "checkpoint": str(ck.path), "step": ck.meta["step"], "recipe": ck.meta["recipe"],
         "engine": ck.meta["engine_state"]["engine"], "layout": ck.meta["engine_state"]["layout"],
-        "vocab_size": tok.vocab_size, "versions": ck.meta.get("versions", {})}, indent=1))
+        "vocab_size": tok.vocab_size, "versions": ck.meta.get("versions", {}),
+        "peft": {"method": cfg.peft.method, "base": ck.meta["engine_state"].get("peft_base"), "beside": beside}
+        if peft is not None else None}, indent=1))
     replace_dir(tmp, output, ours="export.json")
     return output
 

@@ -2,7 +2,8 @@
 (`logging.trackers`: TensorBoard, W&B, MLflow; pretrain/observability/trackers/).
 
 Throughput: tokens/s over the logging window; model TFLOP/s per device =
-flops_per_token (planner's 6N + 12·L·s·H·Q, pretrain/model/inventory.py) x tokens/s / devices;
+training_flops (the planner's 6N + 12·L·s·H·Q with PEFT's and a teacher's terms, pretrain/plan/peft.py)
+x tokens/s / devices;
 MFU = that / the device's dense peak (pretrain/plan/hardware.py; none on CPU).
 Memory: max allocated on GPU, resident set size on CPU.
 """
@@ -19,8 +20,9 @@ from typing import Optional
 import torch
 
 from ..config.schema import JobConfig
-from ..model.inventory import count_params, flops_per_token
+from ..model.inventory import count_params
 from ..plan.hardware import device_name_to_type, peak_tflops
+from ..plan.peft import training_flops
 from .trackers.fanout import Trackers
 
 
@@ -41,6 +43,14 @@ def moe_text(record: dict) -> str:
             f" dropped {record['moe_dropped']:.1%}")
 
 
+def distill_text(record: dict) -> str:
+    """The console's distillation part (`loss` is then the student's cross-entropy)."""
+    if "kd_loss" not in record:
+        return ""
+    hidden = f" hidden {record['hidden_loss']:.4f}" if "hidden_loss" in record else ""
+    return f" | kd {record['kd_loss']:.4f} teacher {record['teacher_loss']:.4f}{hidden}"
+
+
 def open_appending(path: Path):
     """A .jsonl opened for appending; a last line that a kill cut mid-write (no newline at the end) is ended
     first, so the resumed run's first record is not glued to it (report.py leaves the cut line out)."""
@@ -58,7 +68,8 @@ def open_appending(path: Path):
 class Metrics:
     def __init__(self, cfg: JobConfig, run_dir: Path, enabled: bool):
         self.cfg, self.enabled = cfg, enabled
-        self.flops_per_token = flops_per_token(cfg, count_params(cfg))["model"]
+        # the planner's count: a PEFT base's skipped weight gradients, a distillation teacher's forward included
+        self.flops_per_token = training_flops(cfg, count_params(cfg))["model"]
         gpu = device_name_to_type(torch.cuda.get_device_name()) if torch.cuda.is_available() else "cpu"
         self.peak = peak_tflops(gpu, cfg.precision.half)
         self.devices = cfg.derived.world_size
@@ -98,6 +109,8 @@ class Metrics:
             record["z_loss"] = result.z_loss
         if getattr(result, "moe", None):
             record.update(result.moe)
+        if getattr(result, "distill", None):
+            record.update(result.distill)
         if mix_weights is not None:
             record["mix_weights"] = mix_weights
         self.reset_window()
@@ -109,7 +122,7 @@ class Metrics:
             print(f"step {record['step']:>6}/{self.cfg.derived.train_iters} | loss {record['loss']:.4f} | lr {lr:.3e} "
                   "| "
                   f"gnorm {gn} | batch {global_batch} | {tps:,.0f} tok/s | {tflops:.3f} TFLOP/s/dev{mfu} | "
-                  f"skipped {self.skipped_total}{mem}{moe_text(record)}", flush=True)
+                  f"skipped {self.skipped_total}{mem}{moe_text(record)}{distill_text(record)}", flush=True)
         return record
 
     def evaluation(self, step: int, split: str, loss: float) -> dict:

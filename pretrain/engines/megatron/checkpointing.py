@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from common.process import die_with_parent
 
@@ -29,6 +29,7 @@ from ..base import same_placement
 from ..common import reseed, rng_state, set_rng_state
 
 MASTER_PREFIX = {True: "optimizer.state.param", False: "optimizer.state.fp32_param"}   # by distributed optimizer
+Keep = Optional[Callable[[str], bool]]      # which model keys a checkpoint holds (None: all)
 
 
 def unwrap(chunk):
@@ -51,11 +52,25 @@ def _rng_sharded(engine, state: Optional[dict]):
                          replica_id=0)
 
 
-def _model_sharded(engine) -> Dict[str, dict]:
-    chunks = [unwrap(c) for c in engine.model]
-    if len(chunks) == 1:
-        return {"model": chunks[0].sharded_state_dict()}
-    return {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
+def _model_sharded(chunks, keep: Keep = None) -> Dict[str, dict]:
+    """The chunks' sharded state dicts (only the keys `keep` accepts: a PEFT run's own checkpoints hold its
+    added parameters, its frozen base comes from peft.base_checkpoint)."""
+    states = [unwrap(c).sharded_state_dict() for c in chunks]
+    if keep is not None:
+        states = [{k: v for k, v in state.items() if keep(k)} for state in states]
+    if len(states) == 1:
+        return {"model": states[0]}
+    return {f"model{i}": state for i, state in enumerate(states)}
+
+
+def _into_chunks(chunks, loaded: dict, keep: Keep) -> None:
+    for i, chunk in enumerate(chunks):
+        module = unwrap(chunk)
+        result = module.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"], strict=keep is None)
+        missing = [k for k in result.missing_keys if keep(k) and not k.endswith("_extra_state")] if keep else []
+        if missing or (keep is not None and result.unexpected_keys):
+            raise KeyError(f"checkpoint tensors do not match the model: missing {missing[:3]}, unexpected "
+                           f"{result.unexpected_keys[:3]}")
 
 
 def _optimizer_metadata(sharding_type: str) -> dict:
@@ -92,7 +107,7 @@ def save(engine, directory: Path, async_save: bool = False):
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
     results_queue_dies_with_rank()
-    state = _model_sharded(engine)
+    state = _model_sharded(engine.model, engine.checkpoint_keys)
     state["optimizer"] = engine.optimizer.sharded_state_dict(
         state, is_loading=False, metadata=_optimizer_metadata(engine.cfg.checkpoint.distrib_optim_sharding_type))
     state["rng_state"] = _rng_sharded(engine, rng_state())
@@ -148,6 +163,37 @@ def _convert_plain_optimizer_state(state: dict, now_half: bool) -> None:
         state.pop("grad_scaler", None)
 
 
+def _sources(cfg, saved: dict, load_optimizer: bool) -> Callable[[str], list]:
+    """key -> the checkpoint keys to read it from, in order of preference (precision changes: module docstring)."""
+    saved_half = saved["precision"] != "fp32"
+    saved_master = MASTER_PREFIX[saved["layout"]["distributed_optimizer"]]
+
+    def sources_of(key: str) -> list:
+        for prefix in (MASTER_PREFIX[True], MASTER_PREFIX[False]):
+            if key.startswith(prefix + "."):               # fp32 masters: saved masters, else fp32 weights
+                model_key = key[len(prefix) + 1:]
+                return [key, f"{saved_master}.{model_key}"] + ([] if saved_half else [model_key])
+        if key.startswith("optimizer.") or key == "rng_state":
+            return [key]
+        if saved_half and not cfg.precision.half and not (load_optimizer and cfg.parallel.use_distributed_optimizer):
+            # fp32 weights from the saved fp32 masters. (The distributed optimizer's fp32 main
+            # params are views of the weights and load from the masters themselves.)
+            return [f"{saved_master}.{key}"]
+        return [key]
+    return sources_of
+
+
+def load_model_weights(chunks, cfg, directory: Path, meta: dict, keep: Keep = None) -> None:
+    """The model tensors `keep` accepts, from a checkpoint of any layout and precision, into GPTModel chunks
+    (wrapped or not) built for `cfg`: a PEFT run's frozen base, a distillation teacher."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import load_tensors_metadata
+
+    state = _model_sharded(chunks, keep)
+    _retarget(state, _sources(cfg, meta["engine_state"], False), set(load_tensors_metadata(str(directory)).keys()))
+    _into_chunks(chunks, dist_checkpointing.load(state, str(directory), strict="assume_ok_unexpected"), keep)
+
+
 def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import load_tensors_metadata
@@ -157,7 +203,6 @@ def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> 
     saved_keys = set(load_tensors_metadata(str(directory)).keys())
     saved_half = saved["precision"] != "fp32"
     now_half = cfg.precision.half
-    saved_master = MASTER_PREFIX[saved["layout"]["distributed_optimizer"]]
     load_optimizer = not weights_only
     if load_optimizer and saved["layout"]["distributed_optimizer"] != cfg.parallel.use_distributed_optimizer:
         raise ValueError(f"{directory}: saved with parallel.use_distributed_optimizer="
@@ -165,34 +210,18 @@ def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> 
                          f"{cfg.parallel.use_distributed_optimizer}; optimizer states of the two do not map. "
                          "Fix: keep the setting, or set checkpoint.load_weights_only=true to start a fresh optimizer.")
 
-    def sources_of(key: str) -> list:
-        for prefix in (MASTER_PREFIX[True], MASTER_PREFIX[False]):
-            if key.startswith(prefix + "."):               # fp32 masters: saved masters, else fp32 weights
-                model_key = key[len(prefix) + 1:]
-                return [key, f"{saved_master}.{model_key}"] + ([] if saved_half else [model_key])
-        if key.startswith("optimizer.") or key == "rng_state":
-            return [key]
-        if saved_half and not now_half and not (load_optimizer and cfg.parallel.use_distributed_optimizer):
-            # fp32 weights from the saved fp32 masters. (The distributed optimizer's fp32 main
-            # params are views of the weights and load from the masters themselves.)
-            return [f"{saved_master}.{key}"]
-        return [key]
-
-    state = _model_sharded(engine)
+    state = _model_sharded(engine.model, engine.checkpoint_keys)
     if load_optimizer:
         # Read in the layout it was written in, whatever this run would write.
         sharding = _optimizer_metadata(saved["distrib_optim_sharding_type"])
         state["optimizer"] = engine.optimizer.sharded_state_dict(state, is_loading=True, metadata=sharding)
-    _retarget(state, sources_of, saved_keys)
+    _retarget(state, _sources(cfg, saved, load_optimizer), saved_keys)
     now = engine.layout()
     same_layout = same_placement(saved["layout"], now)
     if same_layout and not weights_only:
         state["rng_state"] = _rng_sharded(engine, None)
     loaded = dist_checkpointing.load(state, str(directory), strict="assume_ok_unexpected")
-
-    for i, chunk in enumerate(engine.model):
-        key = "model" if len(engine.model) == 1 else f"model{i}"
-        unwrap(chunk).load_state_dict(loaded[key], strict=True)
+    _into_chunks(engine.model, loaded, engine.checkpoint_keys)
     if load_optimizer:
         if not cfg.parallel.use_distributed_optimizer and saved_half != now_half:
             _convert_plain_optimizer_state(loaded["optimizer"], now_half)

@@ -29,6 +29,7 @@ from ...model.init import layout_invariant_init
 from ..base import Engine, StepResult, label_logprobs
 from ..common import context_parallel_loss, init_distributed, token_mean_loss
 from . import checkpointing, cpu_compat, optimizer_state
+from .frozen_parts import FrozenParts
 from .moe_stats import MoEStats
 from .optimizers import build_optimizer
 
@@ -65,8 +66,11 @@ class MegatronEngine(Engine):
         model_parallel_cuda_manual_seed(cfg.seed)
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_size = ps.get_data_parallel_world_size()
+        self.frozen = FrozenParts(cfg, self.on_cpu)      # PEFT's frozen base, a distillation teacher
+        self.checkpoint_keys = self.frozen.checkpoint_keys
         self.model = self._build_model()
         self.optimizer = self._build_optimizer()
+        self.frozen.ready(self.model, self.optimizer, self._log)
         self._wire_grad_hooks()
         self.moe_stats = MoEStats(cfg, self.model, ps) if cfg.moe.enabled else None
         if cfg.data.document_mask or cfg.data.eod_mask_loss:
@@ -86,6 +90,7 @@ class MegatronEngine(Engine):
                 post_process=ps.is_pipeline_last_stage(ignore_virtual=vpp is None, vp_stage=vp_stage))
             if cfg.model.layout_invariant_init:
                 layout_invariant_init(cfg, chunk, chunk.decoder.layers[0].layer_number - 1)   # before any cast
+            self.frozen.adapt(chunk, self.tconfig)
             if not self.on_cpu:
                 chunk.cuda(torch.cuda.current_device())
             if cfg.precision.half:
@@ -130,11 +135,17 @@ class MegatronEngine(Engine):
         thd = uses_thd(self.cfg, self.on_cpu)     # data.document_mask on GPUs: one packed row per micro-batch
         cp = ps.get_context_parallel_world_size()
         loss_func = partial(context_parallel_loss, ps.get_context_parallel_group()) if cp > 1 else token_mean_loss
+        peft, distiller = self.frozen.peft, self.frozen.distiller
 
         def forward_step(data_iterator, model):
-            batch = model_inputs({k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}, thd)
+            raw = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
+            batch = model_inputs(peft.transform_batch(raw) if peft is not None else raw, thd)
             if cp > 1:              # this rank's 2 of the 2*CP sequence chunks, as Megatron-LM's get_batch
                 batch = get_batch_on_this_cp_rank(batch)
+            if distiller is not None:                            # the teacher first, then the student's logits
+                distiller.teacher_forward(batch)
+                output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
+                return output, partial(distiller.loss, batch["loss_mask"], batch["labels"])
             labels = None if z_coeff else batch["labels"]       # with z-loss the logits come back
             output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=labels,
                            packed_seq_params=batch["packed_seq_params"])
@@ -183,14 +194,20 @@ class MegatronEngine(Engine):
         for chunk in self.model:
             chunk.train()
         outputs = self._forward_backward(micro_batches, forward_only=False)
+        distilled = self.frozen.loss_keys()
         if self.cfg.model.z_loss_coeff:
             loss, z_loss = self._mean_losses(outputs, ("lm loss", "z loss"))
+        elif distilled:
+            loss, *terms = self._mean_losses(outputs, ("lm loss",) + distilled)
+            z_loss, distilled = None, {k.replace(" ", "_"): v for k, v in zip(distilled, terms, strict=True)}
         else:
             (loss,), z_loss = self._mean_losses(outputs), None
         moe = None
         if self.moe_stats is not None:     # collectives on every rank, whatever the policy decides next
             moe = self.moe_stats.collect(len(micro_batches), "cpu" if self.on_cpu else torch.cuda.current_device())
-        return self._update(loss, z_loss, approve, moe)
+        result = self._update(loss, z_loss, approve, moe)
+        result.distill = distilled or None
+        return result
 
     def _update(self, loss: float, z_loss, approve, moe) -> StepResult:
         """The optimizer step of train_step, after the forward/backward: unscale, norm, policy, clip, step."""
@@ -255,7 +272,7 @@ class MegatronEngine(Engine):
     # ---- checkpoints (pretrain/checkpoint/store.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:
         return {"engine": self.name, "precision": self.cfg.precision.dtype, "layout": self.layout(),
-                "distrib_optim_sharding_type": self.cfg.checkpoint.distrib_optim_sharding_type}
+                "distrib_optim_sharding_type": self.cfg.checkpoint.distrib_optim_sharding_type, **self.frozen.meta()}
 
     def save_checkpoint(self, directory, on_done=lambda: None) -> None:
         """Write model, optimizer and RNG into `directory`, then call `on_done` on every rank. With
