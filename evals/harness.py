@@ -31,6 +31,11 @@ def exported(run_dir: Path, ck) -> Path:
     info = out / "export.json"
     if not (info.exists() and json.loads(info.read_text()).get("checkpoint") == str(ck.path)):
         export(ck.path, out)
+    peft = json.loads(info.read_text()).get("peft") or {}
+    if peft.get("beside"):          # adapters, P-tuning: the HF model is the base, the rest sits beside it
+        raise ValueError(f"{ck.path}: a peft.method={peft['method']} run; its HF export {out} is the frozen base "
+                         f"with {', '.join(peft['beside'])} beside it, which lm-eval would not apply: the scores "
+                         "would be the base's. Fix: evaluate LoRA runs (folded into the export), or the base itself.")
     return out
 
 

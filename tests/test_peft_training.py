@@ -194,3 +194,15 @@ def test_bad_peft_and_distill_input_is_refused_at_compose_time():
         with pytest.raises(ConfigError, match=named):
             load_recipe("gpt-tiny", list(overrides))
 
+
+
+@pytest.mark.slow
+def test_an_adapter_run_exports_its_adapters_beside_the_base_and_make_eval_refuses_it(peft_one, tmp_path):
+    from evals.harness import exported
+    from pretrain.checkpoint.store import resolve
+    ck = resolve(peft_one.root / "adapter" / "checkpoints")
+    with pytest.raises(ValueError, match="lm-eval would not apply"):     # it would score the base alone
+        exported(tmp_path, ck)
+    out = tmp_path / "hf" / f"step_{ck.meta['step']:08d}"
+    assert (out / "peft_adapters.safetensors").exists() and (out / "peft_adapters.json").exists()
+    assert json.loads((out / "export.json").read_text())["peft"]["method"] == "adapter"
