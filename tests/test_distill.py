@@ -191,22 +191,19 @@ def _options(tp: int) -> list:
 def _tp2_rank(rank: int, port: int, out: dict) -> None:
     mh.init_ranks(rank, 2, port, tp=2)
     step = _distill_step(_tiny(_options(2)), _tiny([*_options(2), "seed=7", "model.num_layers=3"]))
-    step["unpadded"] = torch.stack([kd_loss(step["logits"], step["teacher_logits"], 4096, T),
-                                    _modelopt_kl(step["logits"], step["teacher_logits"], 2)])
     out[rank] = {k: v for k, v in step.items() if k not in ("logits", "teacher_logits")}
     dist.destroy_process_group()
 
 
-@pytest.mark.slow           # 2 spawned processes importing megatron-core and ModelOpt
-@pytest.mark.beside_training
-def test_tp2_kl_and_distiller_equal_tp1_and_modelopt(tp1):
+@pytest.mark.slow           # 2 spawned processes importing megatron-core (ModelOpt's parity: at TP=1, in-process;
+@pytest.mark.beside_training   # importing it in the ranks would cost each ~4 s more)
+def test_tp2_kl_and_distiller_equal_tp1(tp1):
     out = mh.spawn(_tp2_rank)
     step = _distill_step(_tiny(_options(1)), _tiny([*_options(1), "seed=7", "model.num_layers=3"]))
     reported = step["reported"]
     assert reported["kd loss"] > 0.01 and reported["hidden loss"] > 0.1
     for rank in (0, 1):
         assert torch.allclose(out[rank]["kd"], step["kd"], atol=1e-5)
-        assert torch.allclose(out[rank]["unpadded"][0], out[rank]["unpadded"][1], rtol=1e-5, atol=1e-5)
         for name, value in reported.items():
             assert abs(out[rank]["reported"][name] - value) < 1e-5, name
     assert torch.allclose(torch.cat([out[0]["grad"], out[1]["grad"]], dim=-1), step["grad"], atol=1e-5)
