@@ -7,6 +7,7 @@ Two ways in, one way through `finalize`:
 """
 from __future__ import annotations
 
+import copy
 import os
 import re
 import sys
@@ -111,6 +112,21 @@ def teacher_of(job: JobConfig) -> Optional[JobConfig]:
     """The composed `distill.teacher_recipe` (with `distill.teacher_overrides`), or None without distillation."""
     d = job.distill
     return load_recipe(d.teacher_recipe, d.teacher_overrides) if d.enabled else None
+
+
+def teacher_at_layout(job: JobConfig, teacher: JobConfig) -> JobConfig:
+    """`teacher` (teacher_of's) as it runs beside the student `job`: the student's parallel, precision, cluster
+    and batch sections and sequence length (its own position table kept), re-derived. The one definition the
+    engine (pretrain/distill/teacher.py) and the planner (pretrain/plan/peft.py) share."""
+    t = copy.deepcopy(teacher)
+    t.model.max_position_embeddings = t.derived.max_position_embeddings
+    t.model.seq_length = job.model.seq_length
+    t.parallel, t.cluster = copy.deepcopy(job.parallel), copy.deepcopy(job.cluster)
+    t.precision, t.batch = copy.deepcopy(job.precision), copy.deepcopy(job.batch)
+    t.data.document_mask = job.data.document_mask
+    t.schedule.train_iters, t.schedule.train_tokens = 1, None      # it is not trained: no budget to derive
+    t.distill.teacher_recipe = None
+    return derive(t)
 
 
 def check_teacher(job: JobConfig) -> None:

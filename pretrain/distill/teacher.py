@@ -15,12 +15,11 @@ from omegaconf import OmegaConf
 from common.config import ConfigError
 
 from ..checkpoint.store import resolve
-from ..config.compose import finalize, teacher_of
+from ..config.compose import teacher_at_layout, teacher_of
 from ..config.schema import JobConfig
 from ..engines.megatron.checkpointing import load_model_weights, unwrap
 from ..model.gpt import build_gpt_model, transformer_config
 
-SHARED_SECTIONS = ("parallel", "precision", "cluster", "batch")     # the student's, in the teacher's config
 # What fixes the shapes of the checkpoint's tensors (model.* and the derived widths).
 SHAPE_KEYS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "position_embedding_type",
               "normalization", "activation", "add_bias_linear", "untie_embeddings_and_output_weights", "qk_layernorm",
@@ -29,14 +28,10 @@ DERIVED_SHAPE_KEYS = ("num_query_groups", "kv_channels", "ffn_hidden_size", "max
 
 
 def teacher_config(cfg: JobConfig, teacher: JobConfig) -> JobConfig:
-    """The teacher recipe with the student's parallel, precision, cluster and batch sections, re-finalized so
-    its derived values (padded vocabulary, data-parallel size) follow the student's layout. Refused when the
-    two would not pad the vocabulary alike or the teacher's positions do not reach the student's sequence."""
-    d = OmegaConf.structured(teacher)
-    for section in SHARED_SECTIONS:
-        d[section] = OmegaConf.structured(getattr(cfg, section))
-    d.derived = OmegaConf.structured(type(teacher.derived)())
-    job = finalize(d, teacher.name)
+    """The teacher recipe at the student's layout (compose.teacher_at_layout: its derived values, padded
+    vocabulary included, follow the student's). Refused when the two would not pad the vocabulary alike or the
+    teacher's positions do not reach the student's sequence."""
+    job = teacher_at_layout(cfg, teacher)
     problems = []
     if job.derived.padded_vocab_size != cfg.derived.padded_vocab_size:
         problems.append(

@@ -15,12 +15,10 @@ and sequence length (`teacher_at`); forward only, so no grads, optimizer state o
 """
 from __future__ import annotations
 
-import copy
 from functools import lru_cache
 from typing import Optional
 
-from ..config.compose import load_recipe
-from ..config.derive import derive
+from ..config.compose import load_recipe, teacher_at_layout
 from ..config.schema import JobConfig
 from ..model.inventory import Tensor, count_params, flops_per_token
 
@@ -118,19 +116,9 @@ def composed_teacher(cfg: JobConfig) -> Optional[JobConfig]:
 
 
 def teacher_at(cfg: JobConfig) -> Optional[JobConfig]:
-    """The teacher recipe composed with its overrides, put at the student's layout, cluster, dtype, batch and
-    sequence length (its own position-embedding table kept), derived; None without distillation."""
-    if not cfg.distill.enabled:
-        return None
-    t = copy.deepcopy(composed_teacher(cfg))
-    t.model.max_position_embeddings = t.derived.max_position_embeddings
-    t.model.seq_length = cfg.model.seq_length
-    t.parallel, t.cluster = copy.deepcopy(cfg.parallel), copy.deepcopy(cfg.cluster)
-    t.precision, t.batch = copy.deepcopy(cfg.precision), copy.deepcopy(cfg.batch)
-    t.data.document_mask = cfg.data.document_mask
-    t.schedule.train_iters, t.schedule.train_tokens = 1, None
-    t.distill.teacher_recipe = None
-    return derive(t)
+    """The teacher at the student's layout (compose.teacher_at_layout), from the memoised composition; None
+    without distillation."""
+    return teacher_at_layout(cfg, composed_teacher(cfg)) if cfg.distill.enabled else None
 
 
 def training_flops(cfg: JobConfig, params: dict, teacher: Optional[JobConfig] = None) -> dict:
