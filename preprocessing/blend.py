@@ -29,12 +29,14 @@ FORMAT = "pretrain-blend/1"
 
 
 def write_blend(path: Path, splits: Dict[str, List[Tuple[float, str]]], tokenizer: Optional[dict] = None,
-                made_by: Optional[dict] = None) -> Path:
+                made_by: Optional[dict] = None, sentences: Optional[dict] = None) -> Path:
     """`made_by`: the preprocessing config's name and fingerprint (launch/__main__.py redoes the pipeline when
-    today's config or inputs differ from what wrote the blend)."""
+    today's config or inputs differ from what wrote the blend). `sentences`: split -> the counts of a
+    sentence-level dataset (preprocessing.tokenize_indexed.SENTENCE_KEYS), absent for document-level data."""
     body = {"format": FORMAT,
             "splits": {s: [{"weight": float(w), "prefix": p} for w, p in items] for s, items in splits.items()},
-            "tokenizer": tokenizer or {}, **({"made_by": made_by} if made_by else {})}
+            "tokenizer": tokenizer or {}, **({"made_by": made_by} if made_by else {}),
+            **({"sentences": sentences} if sentences else {})}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body, indent=1))
@@ -82,7 +84,7 @@ def combine(out: Path, parts: List[Tuple[float, Path]]) -> Path:
     been tokenized alike (their blend.json "tokenizer" objects equal): one model reads them all."""
     out = Path(out)
     splits: Dict[str, List[Tuple[float, str]]] = {}
-    tokenizers = {}
+    tokenizers, sentences = {}, []
     for share, path in parts:
         if share < 0:
             raise ValueError(f"{path}: share {share} must be >= 0")
@@ -90,12 +92,18 @@ def combine(out: Path, parts: List[Tuple[float, Path]]) -> Path:
             total = sum(weights) or 1.0
             splits.setdefault(split, []).extend(
                 (share * w / total, os.path.relpath(p, out.parent)) for p, w in zip(prefixes, weights, strict=True))
-        tokenizers[str(path)] = json.loads(Path(path).read_text()).get("tokenizer") or {}
+        body = json.loads(Path(path).read_text())
+        tokenizers[str(path)] = body.get("tokenizer") or {}
+        sentences.append(body.get("sentences"))
     if len({json.dumps(t, sort_keys=True) for t in tokenizers.values()}) > 1:
         raise ValueError("the sources were tokenized differently (their blend.json tokenizer objects differ): "
                          + "; ".join(f"{k}: {v}" for k, v in tokenizers.items())
                          + ". Fix: preprocess every source with the same tokenizer settings.")
-    return write_blend(out, splits, next(iter(tokenizers.values()), {}))
+    # sentence-level sources: their counts summed per split (kept only when every source is sentence-level)
+    summed = None if not sentences or None in sentences else \
+        {split: {key: sum(s.get(split, {}).get(key, 0) for s in sentences) for key in sentences[0][split]}
+         for split in sentences[0]}
+    return write_blend(out, splits, next(iter(tokenizers.values()), {}), sentences=summed)
 
 
 def main(argv=None) -> int:

@@ -227,7 +227,9 @@ class TokenizerSpec(TokenizerConfig):
     """data.tokenizer (type, path) plus how to train one when `train` is set."""
     type: str = doc("hf", "'hf', 'gpt2' or 'sentencepiece' (as data.tokenizer.type).")
     path: str = doc(MISSING, "Tokenizer directory/file to load, or to write when trained.")
-    train: bool = doc(False, "Train a byte-level BPE on the train split instead of loading.")
+    train: bool = doc(False, "Train a tokenizer (of `algorithm`) on the train split instead of loading.")
+    algorithm: str = doc("bpe", "What `train` trains: 'bpe' (byte-level, GPT-2's) or 'wordpiece' (BERT's uncased, "
+                                "with [PAD] [UNK] [CLS] [SEP] [MASK] <s> </s> <extra_id_0..99> as ids 0..106).")
     vocab_size: int = doc(4096, "Vocabulary size when training.")
     min_frequency: int = doc(2, "Minimum pair frequency when training.")
     fim_sentinels: bool = doc(False, "When training, also add the fill-in-the-middle sentinels <fim_prefix> "
@@ -242,6 +244,8 @@ class TokenizeConfig:
     append_eod: bool = doc(True, "Append the end-of-document token (Megatron --append-eod).")
     shards: int = doc(1, "Byte ranges per split (one SLURM array task each, reading only its bytes), merged in "
                          "order into one .bin/.idx per split: the same bytes as one pass.")
+    split_sentences: bool = doc(False, "One sequence per sentence (spaCy's sentencizer), documents marked by the "
+                                       "index's document_indices: Megatron-LM's --split-sentences, for BERT and T5.")
 
 
 @dataclass

@@ -42,6 +42,14 @@ def problems(cfg: PreprocessConfig) -> List[str]:
             (("dedup.shards", cfg.dedup.shards), ("dedup.bucket_tasks", cfg.dedup.bucket_tasks),
              ("tokenize.shards", cfg.tokenize.shards), ("filters.shards", cfg.filters.shards),
              ("dedup.component_tasks", cfg.dedup.component_tasks)) if n < 1]
+    spec = cfg.tokenizer
+    if spec.algorithm not in ("bpe", "wordpiece"):
+        out.append(f"tokenizer.algorithm={spec.algorithm!r} is not one the pipeline trains. Fix: 'bpe' (byte-level, "
+                   "GPT-2's) or 'wordpiece' (BERT's, for BERT and T5).")
+    elif spec.algorithm == "wordpiece" and spec.fim_sentinels:
+        out.append("tokenizer.fim_sentinels=true with tokenizer.algorithm=wordpiece: the FIM sentinels are added to "
+                   "the BPE only. Fix: algorithm=bpe for FIM, or fim_sentinels=false (WordPiece has T5's "
+                   "<extra_id_N>).")
     d = cfg.dedup
     if d.bands < 1 or d.rows < 1 or d.bands * d.rows > d.num_perm:
         out.append(f"dedup.bands x dedup.rows = {d.bands} x {d.rows} needs 1 <= each and bands * rows <= "

@@ -61,8 +61,8 @@ from .parts import (
     whole,
 )
 from .records import BadInput, Piece, read_documents, write_jsonl
-from .tokenize_indexed import merge_indexed, tokenize_to_indexed
-from .tokenizer_io import FIM_SENTINELS, load_tokenizer, train_bpe
+from .tokenize_indexed import SENTENCE_KEYS, merge_indexed, tokenize_to_indexed
+from .tokenizer_io import FIM_SENTINELS, load_tokenizer, train_bpe, train_wordpiece
 from .transforms import TextTransforms
 
 StageFn = Callable[[PreprocessConfig, Optional[int]], dict]
@@ -105,9 +105,14 @@ def _needs(path: Path, stage: str) -> Path:
     return path
 
 
+def _dataset_name(cfg: PreprocessConfig, split: str) -> str:
+    """Megatron-LM's output names: <split>_text_sentence with tokenize.split_sentences, else _text_document."""
+    return f"{split}_text_{'sentence' if cfg.tokenize.split_sentences else 'document'}"
+
+
 def _split_part(cfg: PreprocessConfig, split: str, shard: int) -> Path:
     n = cfg.tokenize.shards
-    name = f"{split}_text_document"
+    name = _dataset_name(cfg, split)
     return Path(cfg.output_dir) / name if n == 1 else Path(cfg.output_dir) / "shards" / f"{name}.{shard:05d}-of-{n:05d}"
 
 
@@ -148,14 +153,18 @@ def tokenizer_stage(cfg: PreprocessConfig, train_parts: List[Path]):
     spec = cfg.tokenizer
     if spec.train:
         settings = _settings(spec)
-        if not spec.fim_sentinels:      # off: the fingerprint of tokenizers trained before the field existed
-            settings.pop("fim_sentinels")
+        for field, default in (("fim_sentinels", False), ("algorithm", "bpe")):
+            if settings[field] == default:      # the fingerprint of tokenizers trained before the field existed
+                settings.pop(field)
         marker = Marker(Path(spec.path).parent, "tokenizer", fingerprint(settings, train_parts))
         if marker.done() is None:
             texts = (json.loads(line)[cfg.input.text_field] for part in train_parts
                      for line in open(part, encoding="utf-8"))
-            tok = train_bpe(texts, spec.vocab_size, spec.min_frequency, spec.path,
-                            FIM_SENTINELS if spec.fim_sentinels else ())
+            if spec.algorithm == "wordpiece":
+                tok = train_wordpiece(texts, spec.vocab_size, spec.min_frequency, spec.path)
+            else:
+                tok = train_bpe(texts, spec.vocab_size, spec.min_frequency, spec.path,
+                                FIM_SENTINELS if spec.fim_sentinels else ())
             marker.mark({"vocab_size": tok.vocab_size}, outputs=[spec.path])
     return load_tokenizer(spec.type, spec.path, threads=cfg.tokenize.workers)
 
@@ -304,6 +313,10 @@ def config_fingerprint(cfg: PreprocessConfig) -> str:
     """The preprocessing config that decides the data (its `slurm` section, where the jobs run, aside) and the
     size and mtime of its inputs: what a blend records of what wrote it."""
     settings = {k: v for k, v in _settings(cfg).items() if k != "slurm"}
+    # fields at the default they had before they existed are left out: the blends written then stay current
+    for section, field, default in (("tokenizer", "algorithm", "bpe"), ("tokenize", "split_sentences", False)):
+        if settings[section].get(field) == default:
+            settings[section].pop(field)
     return fingerprint(settings, [p for p in cfg.input.paths if Path(p).exists()])
 
 
@@ -312,17 +325,24 @@ def merge(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     out = Path(cfg.output_dir)
     counts = {}
     for split in SPLITS:
-        prefix = out / f"{split}_text_document"
+        prefix = out / _dataset_name(cfg, split)
         if cfg.tokenize.shards == 1:
             counts[split] = json.loads(_needs(Path(f"{prefix}.json"), "tokenize").read_text())
         else:
             counts[split] = merge_indexed([_split_part(cfg, split, k) for k in range(cfg.tokenize.shards)], prefix)
     tok = tokenizer_stage(cfg, _split_files(cfg)["train"])
-    blend = write_blend(out / "blend.json", {s: [(1.0, f"{s}_text_document")] for s in SPLITS},
+    # sentence-level data: blend.json's "sentences" holds each split's SENTENCE_KEYS (BERT's NSP/SOP needs
+    # documents of 2+ sentences; recipes check the counts at compose time)
+    sentences = {s: {k: c[k] for k in SENTENCE_KEYS} for s, c in counts.items()} if cfg.tokenize.split_sentences \
+        else None
+    blend = write_blend(out / "blend.json", {s: [(1.0, _dataset_name(cfg, s))] for s in SPLITS},
                         tokenizer={"type": cfg.tokenizer.type, "path": cfg.tokenizer.path,
                                    "vocab_size": tok.vocab_size, "eod": tok.eod},
-                        made_by={"config": cfg.name, "fingerprint": config_fingerprint(cfg)})
+                        made_by={"config": cfg.name, "fingerprint": config_fingerprint(cfg)}, sentences=sentences)
     print_summary(f"{cfg.name}: tokens per split -> {blend}",
                   {f"{s} documents / tokens": f"{c['documents']:,} / {c['tokens']:,}" for s, c in counts.items()})
-    keys = ("documents", "tokens", "dtype", "tokens_per_document")
+    if sentences:
+        print_summary(f"{cfg.name}: sentences per split", {f"{s} {k}": f"{v:,}" for s, c in sentences.items()
+                                                           for k, v in c.items()})
+    keys = ("documents", "tokens", "dtype", "tokens_per_document") + (SENTENCE_KEYS if sentences else ())
     return {"blend": str(blend), "splits": {s: {k: c[k] for k in keys} for s, c in counts.items()}}

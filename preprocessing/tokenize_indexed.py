@@ -17,6 +17,11 @@ run in parallel too, unlike one `encode_batch` call whose Python side holds the 
 (.gz/.zst, Parquet, text folders, HF datasets) cannot be entered in the middle: they are read in
 this process and encoded on the tokenizer's own threads, and cannot be sharded.
 A JSON sidecar records tokenizer, counts and source hashes. Output appears atomically (tmp + rename).
+
+With `tokenize.split_sentences` each sentence (preprocessing/sentences.py) is one sequence and the index's
+document_indices mark the documents: Megatron-LM's `preprocess_data.py --split-sentences` (a sentence with
+no tokens is left out, EOD joins a document's last sentence), what its BERT and T5 datasets read. The sidecar
+then counts the sentences and the documents those datasets pass over (SENTENCE_KEYS).
 """
 from __future__ import annotations
 
@@ -45,9 +50,19 @@ from .config import InputConfig, TokenizeConfig
 from .indexed_io import concatenate, optimal_dtype, publish_pair, write_index
 from .markers import Marker, fingerprint, print_summary
 from .records import BadInput, Piece, byte_shard, cut, plain_jsonl, read_documents, read_jsonl_range
+from .sentences import pipeline as sentence_pipeline
+from .sentences import split_sentences
 from .tokenizer_io import describe, load_tokenizer, one_thread
 
 MIN_WORKER_BYTES = 1 << 20          # below this per worker, forking costs more than it saves
+# megatron-core's helpers.cpp LONG_SENTENCE_LEN: its BERT/T5 sample mapping (build_mapping) passes over a
+# document of 2+ sentences when one of them has more tokens than this
+LONG_SENTENCE_TOKENS = 512
+# The sidecar's (and blend.json's "sentences") counts of a sentence-level dataset, summed over shards:
+# sentences; documents of exactly one sentence (no NSP/SOP pair: BERT's binary head skips them); of none;
+# of 2+ sentences with one over LONG_SENTENCE_TOKENS (skipped by megatron-core); sentences with no tokens (dropped).
+SENTENCE_KEYS = ("sentences", "single_sentence_documents", "empty_documents", "long_sentence_documents",
+                 "sentences_without_tokens")
 
 
 def batched(iterable, n: int):
@@ -73,23 +88,58 @@ def jsonl_texts(pieces: List[Piece], inp: InputConfig, bad: BadInput, done: Opti
             done[0] += max(0, end - read)
 
 
+class Encoded:
+    """What `encode_to` wrote: the sequence lengths; with split_sentences, the sequences of each document (else
+    None: one each) and the count of sentences left out for having no tokens."""
+
+    def __init__(self, sentences: bool):
+        self.lengths = array("i")
+        self.per_doc = array("i") if sentences else None
+        self.untokenized = 0
+
+    def as_message(self) -> tuple:
+        return self.lengths.tobytes(), None if self.per_doc is None else self.per_doc.tobytes(), self.untokenized
+
+
+def _encode_sentences(batch: List[str], tokenizer, tokens: array, enc: Encoded, append_eod: bool) -> None:
+    docs = list(split_sentences(batch))
+    flat = tokenizer.encode_batch([s for sentences in docs for s in sentences])
+    at = 0
+    for sentences in docs:
+        kept = 0
+        for ids in flat[at:at + len(sentences)]:
+            if ids:
+                tokens.extend(ids)
+                enc.lengths.append(len(ids))
+                kept += 1
+        enc.untokenized += len(sentences) - kept
+        at += len(sentences)
+        if append_eod and kept:
+            tokens.append(tokenizer.eod)
+            enc.lengths[-1] += 1
+        enc.per_doc.append(kept)
+
+
 def encode_to(out, texts: Iterable[str], tokenizer, dtype: np.dtype, cfg: TokenizeConfig,
-              on_batch=lambda: None) -> array:
-    """Encode `texts` in batches, writing the tokens (+ EOD) to `out`; returns the sequence lengths."""
+              on_batch=lambda: None) -> Encoded:
+    """Encode `texts` in batches, writing the tokens (+ EOD) to `out`: one sequence per text, or per sentence."""
     typecode = {"uint16": "H", "int32": "i"}[np.dtype(dtype).name]
-    lengths = array("i")
+    enc = Encoded(cfg.split_sentences)
     for batch in batched(texts, cfg.batch_size):
         tokens = array(typecode)
-        for ids in tokenizer.encode_batch(batch):
-            tokens.extend(ids)              # C loop over the id list; raises if an id does not fit
-            if cfg.append_eod:
-                tokens.append(tokenizer.eod)
-            lengths.append(len(ids) + cfg.append_eod)
+        if cfg.split_sentences:
+            _encode_sentences(batch, tokenizer, tokens, enc, cfg.append_eod)
+        else:
+            for ids in tokenizer.encode_batch(batch):
+                tokens.extend(ids)              # C loop over the id list; raises if an id does not fit
+                if cfg.append_eod:
+                    tokens.append(tokenizer.eod)
+                enc.lengths.append(len(ids) + cfg.append_eod)
         if sys.byteorder == "big":
             tokens.byteswap()
         out.write(tokens)
         on_batch()
-    return lengths
+    return enc
 
 
 def _worker(run: List[Piece], inp, tokenizer, dtype, cfg, bin_path: str, progress, slot: int, conn) -> None:
@@ -100,17 +150,18 @@ def _worker(run: List[Piece], inp, tokenizer, dtype, cfg, bin_path: str, progres
         def report():
             progress[slot] = done[0]
         with open(bin_path, "wb") as out:
-            lengths = encode_to(out, jsonl_texts(run, inp, bad, done),
-                                tokenizer, dtype, cfg, report)
-        conn.send(("ok", lengths.tobytes(), bad.good, dict(bad.counts), dict(bad.examples)))
+            enc = encode_to(out, jsonl_texts(run, inp, bad, done), tokenizer, dtype, cfg, report)
+        conn.send(("ok", enc.as_message(), bad.good, dict(bad.counts), dict(bad.examples)))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
 
 
-def _encode_pieces(pieces: List[Piece], inp, tokenizer, dtype, cfg, tmp: Path, bad: BadInput) -> np.ndarray:
-    """Tokens of `pieces` into `tmp`.bin with `cfg.workers` processes; returns the sequence lengths."""
+def _encode_pieces(pieces: List[Piece], inp, tokenizer, dtype, cfg, tmp: Path, bad: BadInput) -> Encoded:
+    """Tokens of `pieces` into `tmp`.bin with `cfg.workers` processes; the workers' `Encoded` joined in order."""
+    if cfg.split_sentences:
+        sentence_pipeline()         # loaded once here, before the forks
     total = length(pieces)
     workers = max(1, min(cfg.workers, total // MIN_WORKER_BYTES))
     runs = [cut(pieces, w * total // workers, (w + 1) * total // workers) for w in range(workers)]
@@ -134,8 +185,7 @@ def _encode_pieces(pieces: List[Piece], inp, tokenizer, dtype, cfg, tmp: Path, b
                 shared[0] = done[0]
                 progress.update(sum(shared) - progress.n)
             with open(f"{tmp}.bin", "wb") as out:
-                lengths = [np.frombuffer(encode_to(out, jsonl_texts(runs[0], inp, bad, done), tokenizer, dtype, cfg,
-                                                   report), dtype=np.int32)]
+                enc = encode_to(out, jsonl_texts(runs[0], inp, bad, done), tokenizer, dtype, cfg, report)
                 for w, conn in enumerate(conns, 1):
                     while not wait([conn], timeout=0.5):
                         report()
@@ -146,7 +196,10 @@ def _encode_pieces(pieces: List[Piece], inp, tokenizer, dtype, cfg, tmp: Path, b
                         raise RuntimeError(f"tokenize worker {w} died (exit code {procs[w - 1].exitcode})") from None
                     if reply[0] == "error":
                         raise RuntimeError(f"tokenize worker {w} failed:\n{reply[1]}")
-                    lengths.append(np.frombuffer(reply[1], dtype=np.int32))
+                    enc.lengths.frombytes(reply[1][0])
+                    if enc.per_doc is not None:
+                        enc.per_doc.frombytes(reply[1][1])
+                    enc.untokenized += reply[1][2]
                     part = BadInput(good=reply[2])
                     part.counts.update(reply[3])
                     part.examples.update(reply[4])
@@ -162,7 +215,19 @@ def _encode_pieces(pieces: List[Piece], inp, tokenizer, dtype, cfg, tmp: Path, b
                 p.join()
             for w in range(1, workers):
                 Path(f"{tmp}.bin.part{w}").unlink(missing_ok=True)
-    return np.concatenate(lengths)
+    return enc
+
+
+def sentence_counts(enc: Encoded) -> dict:
+    """SENTENCE_KEYS of a sentence-level dataset."""
+    per_doc = np.frombuffer(enc.per_doc, dtype=np.int32)
+    ends = np.cumsum(per_doc, dtype=np.int64)
+    long = np.frombuffer(enc.lengths, dtype=np.int32) > LONG_SENTENCE_TOKENS
+    # documents holding a long sentence: those whose [start, end) range of sequences has a long one
+    long_before = np.concatenate([[0], np.cumsum(long, dtype=np.int64)])
+    long_docs = (long_before[ends] - long_before[ends - per_doc] > 0) & (per_doc > 1)
+    return dict(zip(SENTENCE_KEYS, (len(enc.lengths), int((per_doc == 1).sum()), int((per_doc == 0).sum()),
+                                    int(long_docs.sum()), enc.untokenized), strict=True))
 
 
 def _range_digest(piece: Piece) -> str:
@@ -189,6 +254,8 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
     if shard and shard[1] > 1 and not plain:
         raise ValueError(f"tokenize.shards={shard[1]} needs plain JSONL inputs (read by byte range), got {inp.paths}")
     settings = [vars(inp), cfg.append_eod, describe(tokenizer), shard]    # workers and batch size change no byte
+    if cfg.split_sentences:     # only when on: the markers of datasets written before the field stay valid
+        settings.append("split_sentences")
     marker = Marker(prefix.parent, prefix.name, fingerprint(settings, inp.paths))
     done = marker.done()
     if done:
@@ -199,27 +266,30 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
         bad = BadInput()
         if plain:
             pieces = byte_shard(inp.paths, *(shard or (0, 1)))
-            lengths = _encode_pieces(pieces, inp, tokenizer, dtype, cfg, tmp, bad)
+            enc = _encode_pieces(pieces, inp, tokenizer, dtype, cfg, tmp, bad)
             sources = [{"path": str(p), "bytes": p.stat().st_size, "range": [s, e], "sha256": _range_digest((p, s, e))}
                        for p, s, e in pieces]
         else:
             docs = read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field, bad=bad)
             with open(f"{tmp}.bin", "wb") as out:
-                lengths = np.frombuffer(encode_to(out, (d.text for d in tqdm(docs, desc=f"tokenize {prefix.name}",
-                                                                             unit="doc", file=sys.stderr)),
-                                                  tokenizer, dtype, cfg), dtype=np.int32)
+                enc = encode_to(out, (d.text for d in tqdm(docs, desc=f"tokenize {prefix.name}", unit="doc",
+                                                           file=sys.stderr)), tokenizer, dtype, cfg)
             sources = [{"path": str(p), "bytes": Path(p).stat().st_size, "sha256": file_digest(Path(p))}
                        for p in inp.paths if Path(p).is_file()]
         bad.check(inp.max_bad_fraction, f"tokenize input {inp.paths}")
-        write_index(f"{tmp}.idx", dtype, lengths)
+        lengths = np.frombuffer(enc.lengths, dtype=np.int32)
+        document_indices = None if enc.per_doc is None else \
+            np.concatenate([[0], np.cumsum(np.frombuffer(enc.per_doc, dtype=np.int32), dtype=np.int64)])
+        write_index(f"{tmp}.idx", dtype, lengths, document_indices)
     except BaseException:
         for ext in ("bin", "idx"):
             Path(f"{tmp}.{ext}").unlink(missing_ok=True)
         raise
     publish_pair(tmp, prefix)
-    docs, tokens = len(lengths), int(lengths.sum(dtype=np.int64))
+    docs, tokens = len(lengths) if enc.per_doc is None else len(enc.per_doc), int(lengths.sum(dtype=np.int64))
     summary = {"documents": docs, "tokens": tokens, "dtype": dtype.name,
-               "tokens_per_document": round(tokens / max(1, docs), 1)}
+               "tokens_per_document": round(tokens / max(1, docs), 1),
+               **({} if enc.per_doc is None else sentence_counts(enc))}
     sidecar = {"prefix": str(prefix), **summary, "shard": shard, "append_eod": cfg.append_eod,
                "tokenizer": describe(tokenizer), "sources": sources, "skipped": bad.as_dict()}
     write_atomic(f"{prefix}.json", json.dumps(sidecar, indent=1))
@@ -248,7 +318,8 @@ def merge_indexed(parts: List[Path], prefix: str | Path) -> dict:
     publish_pair(tmp, prefix)
     docs, tokens = sum(s["documents"] for s in sidecars), sum(s["tokens"] for s in sidecars)
     summary = {"documents": docs, "tokens": tokens, "dtype": dtype.name,
-               "tokens_per_document": round(tokens / max(1, docs), 1)}
+               "tokens_per_document": round(tokens / max(1, docs), 1),
+               **{k: sum(s[k] for s in sidecars) for k in SENTENCE_KEYS if k in sidecars[0]}}
     write_atomic(f"{prefix}.json", json.dumps({"prefix": str(prefix), **summary, "parts": sidecars}, indent=1))
     marker.mark(summary, outputs=[f"{prefix}.{ext}" for ext in ("bin", "idx", "json")])
     return summary

@@ -7,7 +7,9 @@
 * `sentencepiece`: a `.model` file; EOD is its eos id, no BOS is added (Megatron-LM's
   SentencePieceTokenizer; its Llama2Tokenizer prepends BOS).
 Training writes a byte-level BPE as tokenizer.json + tokenizer_config.json (loadable by
-transformers) and vocab.json + merges.txt (loadable by Megatron-LM's GPT2BPETokenizer).
+transformers) and vocab.json + merges.txt (loadable by Megatron-LM's GPT2BPETokenizer), or (`train_wordpiece`,
+for BERT and T5) an uncased BERT WordPiece as tokenizer.json + tokenizer_config.json (transformers'
+BertTokenizerFast, AutoTokenizer) and vocab.txt (Megatron-LM's BertWordPieceLowerCase).
 """
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ from common.files import replace_dir
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 # Fill-in-the-middle sentinels (Megatron-LM / bigcode FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FIM_PAD): pretrain/data/fim.py
 FIM_SENTINELS = ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>")
+# The WordPiece tokenizer's special tokens, ids 0.. in this order: BERT's five, BOS/EOS for T5's decoder
+# (`</s>` is also the EOD), then T5's span-corruption sentinels <extra_id_0>..<extra_id_99>.
+BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<s>", "</s>")
+T5_SENTINELS = tuple(f"<extra_id_{i}>" for i in range(100))
 
 
 def detect_type(path: str | Path) -> str:
@@ -65,11 +71,17 @@ class HFTokenizer:
     def save(self, directory: str | Path, max_length: int | None = None) -> None:
         """tokenizer.json + transformers config (for exports and AutoTokenizer); `max_length`: the model's
         positions, so transformers truncates and warns there instead of indexing past the position table."""
-        from transformers import PreTrainedTokenizerFast
+        from tokenizers import models
+        from transformers import BertTokenizerFast, PreTrainedTokenizerFast
+        limit = {"model_max_length": max_length} if max_length else {}
+        if isinstance(self.tok.model, models.WordPiece):         # BERT/T5: BertTokenizerFast names its specials
+            BertTokenizerFast(tokenizer_object=self.tok, do_lower_case=self.tok.normalizer.lowercase,
+                              bos_token="<s>", eos_token="</s>", additional_special_tokens=list(T5_SENTINELS),
+                              **limit).save_pretrained(str(directory))
+            return
         eod = self.tok.id_to_token(self.eod)
         # the other special tokens (FIM sentinels) listed too, so transformers treats them as special
         extra = [t.content for t in self.tok.get_added_tokens_decoder().values() if t.special and t.content != eod]
-        limit = {"model_max_length": max_length} if max_length else {}
         PreTrainedTokenizerFast(tokenizer_object=self.tok, eos_token=eod, bos_token=eod, unk_token=eod,
                                 additional_special_tokens=extra, **limit).save_pretrained(str(directory))
 
@@ -158,6 +170,31 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir
     result = HFTokenizer(tok, "hf", [out / "tokenizer.json"])
     result.save(tmp)
     tok.model.save(str(tmp))            # vocab.json + merges.txt (GPT-2 format)
+    replace_dir(tmp, out, ours="tokenizer.json")
+    return result
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir: str | Path) -> HFTokenizer:
+    """BERT's uncased WordPiece (bert-base-uncased's normaliser, pre-tokenizer and "##" continuation) of `vocab_size`
+    ids in all: BERT_SPECIAL then T5_SENTINELS (ids 0..106), then the learnt pieces. Its post-processor adds
+    [CLS] A [SEP] (B [SEP]) when transformers encodes with special tokens; the data pipeline encodes without."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                        special_tokens=[*BERT_SPECIAL, *T5_SENTINELS], show_progress=True)
+    tok.train_from_iterator(texts, trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    result = HFTokenizer(tok, "hf", [out / "tokenizer.json"])
+    result.save(tmp)
+    tok.model.save(str(tmp))            # vocab.txt (BERT format)
     replace_dir(tmp, out, ours="tokenizer.json")
     return result
 

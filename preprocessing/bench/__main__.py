@@ -17,7 +17,9 @@
 * dedup held out (preprocessing/bench/heldout.py): the frozen dedup defaults on corpora they were not chosen on
   (other seeds, edit models, source code, templated pages) -> docs/dedup.md;
 * document passes (preprocessing/bench/passes.py): the corpus-gpt2 filter and decontaminate tasks and the split, each
-  in its own process: docs per CPU second, peak RSS per task, the 1B-document extrapolation -> docs/preprocessing.md.
+  in its own process: docs per CPU second, peak RSS per task, the 1B-document extrapolation -> docs/preprocessing.md;
+* sentence splitters (preprocessing/bench/sentences.py): spaCy's sentencizer beside pySBD and a corpus-trained Punkt
+  on held-out demo documents, wrong splits and MB/s -> docs/sentence-data.md.
 
     python -m preprocessing.bench [--tokenize-mb 50] [--dedup-docs 200000] [--only tokenize,...,heldout,passes]
 """
@@ -36,10 +38,11 @@ from .language import bench_language
 from .passes import bench_passes
 from .planted import quality_table
 from .quality import bench_filters
+from .sentences import bench_sentences
 from .tuning_similarity import similarity_table
 
 REPO = Path(__file__).resolve().parents[2]            # the repository root (bench -> preprocessing -> root)
-PARTS = ("tokenize", "scale", "quality", "language", "components", "filters", "heldout", "passes")
+PARTS = ("tokenize", "scale", "quality", "language", "components", "filters", "heldout", "passes", "sentences")
 
 
 def replace_block(path: Path, marker: str, lines: List[str]) -> None:
@@ -86,6 +89,8 @@ def main(argv: List[str] | None = None) -> int:
         replace_block(REPO / "docs" / "dedup.md", "heldout-table", [machine, ""] + heldout_table())
     if "passes" in parts:
         replace_block(REPO / "docs" / "preprocessing.md", "passes-scale", [machine, ""] + bench_passes())
+    if "sentences" in parts:
+        replace_block(REPO / "docs" / "sentence-data.md", "sentence-splitters", [machine, ""] + bench_sentences())
     print(page.read_text())
     return 0
 
