@@ -80,7 +80,12 @@ def evaluate(run_dir: str | Path, tasks: List[str] | None = None, step: Optional
     from pretrain.hf.convert import config_of
     run_dir = Path(run_dir)
     ck = resolve(run_dir / "checkpoints" / f"step_{step:08d}" if step is not None else run_dir / "checkpoints")
-    names = ensure_tasks(list(tasks or []), config_of(ck), Path(tasks_dir))
+    cfg = config_of(ck)
+    if not cfg.objective.causal:       # before exporting: lm-eval's "hf" model is a causal LM
+        raise ValueError(f"{ck.path}: an objective.name={cfg.objective.name} run (model.arch={cfg.model.arch}); "
+                         "lm-evaluation-harness scores causal language models. Fix: its held-out loss is in the "
+                         "run's metrics (validation and test); `make export` gives the transformers model.")
+    names = ensure_tasks(list(tasks or []), cfg, Path(tasks_dir))
     hf_dir, meta = exported(run_dir, ck), ck.meta
     import lm_eval
     import torch

@@ -53,13 +53,15 @@ DEMO_LOCK = threading.Lock()
 
 
 def build_demo_data() -> Path:
-    """`make data && make preprocess RECIPE=gpt-tiny` once per session (resumable: cheap when already done);
+    """`make data && make preprocess RECIPE=gpt-tiny` (and the sentence-level demo-sentences) once per session
+    (resumable: cheap when already done);
     called from the shared runs' background thread and from the demo_data fixture, whichever comes first."""
     with DEMO_LOCK:
         if "error" in DEMO:
             raise AssertionError(DEMO["error"])
         if "path" not in DEMO:
-            for target in (["make", "-s", "data"], ["make", "-s", "preprocess", "RECIPE=gpt-tiny"]):
+            for target in (["make", "-s", "data"], ["make", "-s", "preprocess", "RECIPE=gpt-tiny"],
+                           ["make", "-s", "preprocess", "PREPROCESS=demo-sentences"]):   # BERT's and T5's
                 res = subprocess.run(target, cwd=REPO, capture_output=True, text=True)
                 if res.returncode != 0:
                     DEMO["error"] = (f"{' '.join(target)}: exit {res.returncode}\n"

@@ -11,7 +11,8 @@ from tests.conftest import PY, REPO
 
 EXPECTED_RECIPES = {"gpt-tiny", "llama-tiny", "gpt-125m", "gpt-350m", "gpt-760m", "gpt-1.3b", "gpt-2.7b",
                     "gpt-7b", "gpt-13b", "gpt-175b", "llama-1b", "llama-8b", "llama-70b", "moe-tiny", "mixtral-8x7b",
-                    "olmoe-1b-7b", "deepseek-moe-16b", "gpt-tiny-lora", "gpt-tiny-distill", "llama-8b-lora"}
+                    "olmoe-1b-7b", "deepseek-moe-16b", "gpt-tiny-lora", "gpt-tiny-distill", "llama-8b-lora",
+                    "bert-tiny", "t5-tiny", "llama-tiny-swa", "llama-8b-swa"}
 
 
 def test_shipped_recipes_are_the_product_list():
@@ -27,7 +28,7 @@ def test_every_recipe_composes_and_validates(recipe):
         cfg.parallel.pipeline_model_parallel_size * cfg.parallel.context_parallel_size
     assert d.padded_vocab_size % (cfg.model.make_vocab_size_divisible_by * cfg.parallel.tensor_model_parallel_size) == 0
     assert d.train_iters > 0 and d.train_tokens > 0
-    if not recipe.startswith(("gpt-tiny", "llama-tiny", "moe-tiny")):
+    if not recipe.endswith("-tiny") and not recipe.startswith(("gpt-tiny", "llama-tiny")):
         assert cfg.cluster.devices_per_node == 8   # 7B+ recipes carry 8x80GB-node layouts
     assert "derived:" in to_yaml(cfg)
 

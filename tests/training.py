@@ -74,11 +74,21 @@ def train_many(root, jobs: dict, nproc=2, recipe="gpt-tiny", timeout=900) -> dic
 LIVE_LAUNCHES: set = set()       # torchrun launches in flight (SessionRuns.stop ends them)
 
 
+def job_recipe(overrides: list, default: str) -> tuple:
+    """(recipe, overrides): a job trains another recipe than its launch's when its overrides start with
+    `recipe=<name>` (not a config field, so it cannot collide with one)."""
+    if overrides and overrides[0].startswith("recipe="):
+        return overrides[0].split("=", 1)[1], overrides[1:]
+    return default, overrides
+
+
 def launch(jobs_file, jobs: list, nproc=2, recipe="gpt-tiny", timeout=900) -> None:
     """[(run_dir, overrides)] in one torchrun launch of tests/run_jobs.py, in this order; fails naming the job."""
-    spec = [{"recipe": recipe, "log": str(run_dir), "overrides": [*BASE, f"cluster.devices_per_node={nproc}",
-                                                                   f"run_dir={run_dir}", *overrides]}
-            for run_dir, overrides in jobs]
+    spec = []
+    for run_dir, overrides in jobs:
+        name, rest = job_recipe(overrides, recipe)
+        spec.append({"recipe": name, "log": str(run_dir),
+                     "overrides": [*BASE, f"cluster.devices_per_node={nproc}", f"run_dir={run_dir}", *rest]})
     jobs_file.write_text(json.dumps(spec, indent=1))
     # its own session, so that SessionRuns.stop can end it; the workers die with torchrun (PDEATHSIG)
     proc = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",

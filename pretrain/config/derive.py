@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from ..schedules import BatchRamp
+from .objective import denoising_lengths
 from .schema import JobConfig
 
 
@@ -65,6 +66,9 @@ def derive(cfg: JobConfig) -> JobConfig:
         d.ffn_hidden_size = swiglu_ffn_size(m.hidden_size, m.ffn_multiple_of)
     else:
         d.ffn_hidden_size = 4 * m.hidden_size
+    if m.arch == "t5":
+        d.num_decoder_layers = m.num_decoder_layers or m.num_layers
+        d.decoder_seq_length = m.decoder_seq_length or denoising_lengths(m.seq_length, cfg.objective.denoising)[1]
     ramp = batch_ramp(cfg)
     d.ramp_batch_sizes = ramp.sizes()
     d.num_microbatches = cfg.batch.global_batch_size // (cfg.batch.micro_batch_size * d.data_parallel_size)

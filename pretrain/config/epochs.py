@@ -46,16 +46,27 @@ class SourceEpochs:
         return self.drawn / self.tokens if self.tokens else float("inf")
 
 
-def index_tokens(prefix: Path) -> int:
-    """Tokens in `prefix`.bin, from the .idx header's dtype; ValueError on a header that is not megatron-core's."""
+def _index_header(prefix: Path) -> tuple:
+    """(version, dtype code, sequences, document entries) of `prefix`.idx; ValueError on a header that is not
+    megatron-core's."""
     with open(f"{prefix}.idx", "rb") as f:
         head = f.read(len(_HEADER) + _HEAD.size)
     if head[:len(_HEADER)] != _HEADER or len(head) < len(_HEADER) + _HEAD.size:
         raise ValueError(f"{prefix}.idx is not an indexed dataset index (bad header)")
-    code = _HEAD.unpack(head[len(_HEADER):])[1]
+    return _HEAD.unpack(head[len(_HEADER):])
+
+
+def index_tokens(prefix: Path) -> int:
+    """Tokens in `prefix`.bin, from the .idx header's dtype."""
+    code = _index_header(prefix)[1]
     if code not in ITEMSIZES:
         raise ValueError(f"{prefix}.idx names dtype code {code}, not one of megatron-core's")
     return Path(f"{prefix}.bin").stat().st_size // ITEMSIZES[code]
+
+
+def index_documents(prefix: Path) -> int:
+    """Documents in `prefix` (the header's document_indices entries less the leading 0)."""
+    return _index_header(prefix)[3] - 1
 
 
 def _drawn(cfg: JobConfig, weights: list[float]) -> list[float]:

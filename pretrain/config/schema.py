@@ -19,13 +19,15 @@ from preprocessing.config import TokenizerConfig
 
 from .data import FimConfig
 from .moe import MoEConfig
+from .objective import ObjectiveConfig
 from .observability import StragglerConfig
 from .peft import DistillConfig, PeftConfig
 
 
 @dataclass
 class ModelConfig:
-    arch: str = doc("gpt", "Architecture family: 'gpt' (GPT-2/3) or 'llama'; the HF export target follows it.")
+    arch: str = doc("gpt", "Architecture family: 'gpt' (GPT-2/3), 'llama', 'bert' (encoder) or 't5' (encoder-decoder); "
+                           "the objective and the HF export target follow it.")
     num_layers: int = doc(MISSING, "Number of transformer layers.")
     hidden_size: int = doc(MISSING, "Model width d_model.")
     num_attention_heads: int = doc(MISSING, "Number of query attention heads.")
@@ -34,7 +36,10 @@ class ModelConfig:
     ffn_hidden_size: Optional[int] = doc(None, "MLP width; null derives 4*h (GELU) or 8h/3 rounded up to "
                                                "ffn_multiple_of (SwiGLU).")
     ffn_multiple_of: int = doc(256, "Rounding multiple for the derived SwiGLU FFN width (Llama convention).")
-    seq_length: int = doc(MISSING, "Training sequence length in tokens.")
+    seq_length: int = doc(MISSING, "Training sequence length in tokens (T5: the encoder's).")
+    num_decoder_layers: Optional[int] = doc(None, "T5: decoder layers; null means num_layers.")
+    decoder_seq_length: Optional[int] = doc(None, "T5: decoder (target) length in tokens; null derives what the "
+                                                  "denoising objective needs for seq_length.")
     max_position_embeddings: Optional[int] = doc(None, "Position table size / RoPE limit; null means seq_length.")
     position_embedding_type: str = doc("learned_absolute", "'learned_absolute' (GPT) or 'rope' (Llama).")
     rotary_base: int = doc(10000, "RoPE theta.")
@@ -64,6 +69,13 @@ class ModelConfig:
                                    "and GPU runs (CUDA's stream differs), at host speed.")
     transformer_impl: str = doc("auto", "Layer spec: 'local' (megatron-core modules), 'transformer_engine', or 'auto' "
                                         "(TE when importable).")
+    window_size: Optional[int] = doc(None, "Sliding-window layers: a query sees itself and the window_size tokens "
+                                           "before it (megatron-core (w, 0); HF sliding_window w+1); null: all global.")
+    global_every: Optional[int] = doc(None, "With window_size: layers k, 2k, ... (1-based) attend globally, the rest "
+                                            "in the window (Gemma 3: 6); null: see global_layers.")
+    global_layers: list[int] = doc(None, "With window_size: 0-based indices (decoder.layers.<i>) of the global layers "
+                                         "(OLMo 3 style); empty and no global_every: every layer windowed.",
+                                   factory=list)
 
 
 DTYPES = ("fp32", "bf16", "fp16")   # precision.dtype: the one place these names are spelled
@@ -368,6 +380,8 @@ class DerivedConfig:
     train_iters: int = doc(0, "Optimizer steps of the run.")
     train_tokens: int = doc(0, "Tokens the run consumes.")
     ramp_batch_sizes: list[int] = doc(None, "Every global batch size the ramp passes through.", factory=list)
+    num_decoder_layers: int = doc(0, "T5: decoder layers used (0: no decoder).")
+    decoder_seq_length: int = doc(0, "T5: decoder length used (0: no decoder).")
 
 
 @dataclass
@@ -379,6 +393,8 @@ class JobConfig:
                              "in every rank), so the optimizers, LR schedules and engines they register can be "
                              "named in it.", factory=list)
     model: ModelConfig = doc(None, "Model shape and layer choices.", factory=ModelConfig)
+    objective: ObjectiveConfig = doc(None, "What the model learns to predict: next token, masked LM, denoising.",
+                                     factory=ObjectiveConfig)
     moe: MoEConfig = doc(None, "Mixture of Experts: experts, router, dispatcher (null num_experts: dense).",
                          factory=MoEConfig)
     precision: PrecisionConfig = doc(None, "Numeric precision.", factory=PrecisionConfig)

@@ -12,16 +12,20 @@ from ..engines.deepspeed.ds_config import load_template, problems, template_path
 from ..engines.registry import ENGINES
 from ..optim.registry import OPTIMIZERS
 from ..schedules import LR_SCHEDULES, WSD_SHAPES
+from .attention import attention_problems
 from .data import document_mask_problems, fim_problems
 from .derive import batch_ramp, pipeline_stage_layers
 from .moe import moe_problems
+from .objective import ARCH_OBJECTIVE, OBJECTIVES, objective_problems
 from .observability import downstream_problems, straggler_problems, tracker_problems
 from .peft import peft_problems
 from .precision import precision_problems
 from .schema import DTYPES, DeepSpeedConfig, JobConfig
+from .sentence_data import sentence_data_problems
 
 CHOICES = {
-    "model.arch": ("gpt", "llama"),
+    "model.arch": tuple(ARCH_OBJECTIVE),
+    "objective.name": OBJECTIVES,
     "model.position_embedding_type": ("learned_absolute", "rope"),
     "model.normalization": ("LayerNorm", "RMSNorm"),
     "model.activation": ("gelu", "swiglu"),
@@ -185,8 +189,11 @@ def validate(cfg: JobConfig) -> None:
     straggler_problems(cfg, add)
     fim_problems(cfg, add)
     document_mask_problems(cfg, add)
+    attention_problems(cfg, add)
     downstream_problems(cfg, add)
     peft_problems(cfg, add)
+    objective_problems(cfg, add)
+    sentence_data_problems(cfg, add)
 
     # Engines
     if p.engine == "deepspeed":

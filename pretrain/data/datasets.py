@@ -28,6 +28,7 @@ from preprocessing.indexed_io import pair_problem
 from ..config.derive import batch_ramp
 from ..config.schema import JobConfig
 from ..engines.base import MicroBatch
+from ..objectives.registry import objective_for
 from .fim import with_fim
 from .packing import uses_mask
 
@@ -61,7 +62,11 @@ def data_version(prefixes: List[str]) -> str:
 def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_samples: int,
                    is_built_on_rank=lambda: True):
     """(train, valid, test) GPTDatasets of at least the given sizes (mock data when data.mock).
-    With data.mix_phases, train is a list: one GPTDataset per train source (pretrain/data_mix.py)."""
+    With data.mix_phases, train is a list: one GPTDataset per train source (pretrain/data_mix.py).
+    An objective other than next-token prediction builds its own samples (pretrain/objectives/)."""
+    objective = objective_for(cfg)
+    if objective is not None:
+        return objective.build_datasets([train_samples, eval_samples, test_samples], is_built_on_rank)
     if cfg.data.mock:
         blend_per_split, cache, tok = None, cfg.data.cache_dir, DatasetTokenizer(cfg.model.vocab_size, 0)
     else:
@@ -109,10 +114,14 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
     return sources, valid, test
 
 
+CAUSAL_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
+
+
 def collate(samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
-    keys = ("tokens", "labels", "loss_mask", "position_ids") + (("attention_mask",) if "attention_mask" in samples[0]
-                                                                 else ())
-    return {k: torch.stack([s[k] for s in samples]) for k in keys}
+    """Stack samples into a micro-batch: GPTDataset's keys (it returns more), or every key of an objective's."""
+    first = samples[0]
+    keys = [k for k in CAUSAL_KEYS if k in first] if "position_ids" in first else list(first)
+    return {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in keys}
 
 
 class BatchSource(Protocol):

@@ -33,6 +33,7 @@ class StepResult:
     z_loss: Optional[float] = None   # mean z-loss term (model.z_loss_coeff > 0), not included in `loss`
     moe: Optional[dict] = None       # MoE router losses and expert load (pretrain/engines/megatron/moe_stats.py)
     distill: Optional[dict] = None   # kd_loss, teacher_loss (, hidden_loss) of a distillation step; `loss` is its CE
+    terms: Optional[dict] = None     # an objective's parts of `loss` (mlm_loss, binary_loss: pretrain/objectives/)
 
 
 def label_logprobs(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:

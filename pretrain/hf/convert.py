@@ -33,7 +33,16 @@ from ..checkpoint.store import Checkpoint, CheckpointStore, resolve
 from ..config.compose import finalize, load_recipe
 from ..config.schema import JobConfig
 from ..data.tokenizer import run_tokenizer
-from ..model.hf_mapping import State, from_hf, hf_config, to_hf, unsupported
+from ..model import hf_mapping
+from ..model.hf_mapping import State, from_hf, window_mismatch
+from . import bert_export
+
+ENCODERS = ("bert", "t5")          # model.arch values whose export is bert_export's (T5: refused there)
+
+
+def mapping(cfg: JobConfig):
+    """The module that maps a recipe's state to transformers: hf_mapping (GPT-2, Llama, Mixtral) or bert_export."""
+    return bert_export if cfg.model.arch in ENCODERS else hf_mapping
 
 
 def config_of(ck: Checkpoint) -> JobConfig:
@@ -105,9 +114,13 @@ def hf_model_class(cfg: JobConfig):
 
 def architecture(cfg: JobConfig) -> str:
     """The transformers class a recipe exports to."""
+    if cfg.model.arch in ENCODERS:
+        return bert_export.architecture(cfg)
     if cfg.model.arch == "gpt":
         return "GPT2LMHeadModel"
-    return "MixtralForCausalLM" if cfg.moe.enabled else "LlamaForCausalLM"
+    if cfg.moe.enabled:
+        return "MixtralForCausalLM"
+    return "MinistralForCausalLM" if cfg.model.window_size is not None else "LlamaForCausalLM"
 
 
 def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = None) -> Path:
@@ -115,15 +128,15 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
     cfg = config_of(ck)
     if tokenizer_path:
         cfg.data.tokenizer.path = tokenizer_path
-    problems = unsupported(cfg)
+    problems = mapping(cfg).unsupported(cfg)
     if problems:
         raise ValueError(f"{ck.path}: cannot export to {architecture(cfg)}: " + "; ".join(problems))
     tok = run_tokenizer(cfg, "an export")
     state, peft = megatron_state(ck, cfg) if ck.meta["engine_state"]["engine"] == "megatron" else (
         model_state(ck, cfg), None)
     whole = state
-    state = to_hf(peft.merge(whole) if peft is not None else whole, cfg, tok.vocab_size)
-    model = hf_model_class(cfg)(hf_config(cfg, tok.vocab_size, bos=tok.eod, eos=tok.eod))
+    state = mapping(cfg).to_hf(peft.merge(whole) if peft is not None else whole, cfg, tok.vocab_size)
+    model = hf_model_class(cfg)(mapping(cfg).hf_config(cfg, tok.vocab_size, bos=tok.eod, eos=tok.eod))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight" or cfg.model.untie_embeddings_and_output_weights]
     if missing or unexpected:
@@ -150,7 +163,13 @@ def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     from ..engines.megatron.checkpointing import unwrap
+    if cfg.model.arch in ENCODERS:
+        raise ValueError(f"make import-hf reads GPT-2, Llama and Mixtral directories; recipe {cfg.name} has "
+                         f"model.arch={cfg.model.arch}, which has no import. Fix: a GPT or Llama recipe.")
     hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype="float32")
+    mismatch = window_mismatch(hf.config, cfg)
+    if mismatch:
+        raise ValueError(f"{hf_dir} does not fit recipe {cfg.name}: {mismatch}")
     engine = megatron_engine(cfg)
     model = unwrap(engine.model[0])
     ours = from_hf(hf.state_dict(), engine.cfg)
@@ -185,7 +204,9 @@ def main() -> int:
                   file=sys.stderr)
             return 2
         out = export(source, env["OUTPUT"], env.get("TOKENIZER") or None)
-        print(f">> exported {source} -> {out} (AutoModelForCausalLM.from_pretrained('{out}'))")
+        loader = "AutoModelForPreTraining" if "Bert" in json.loads((out / "config.json").read_text())[
+            "architectures"][0] else "AutoModelForCausalLM"
+        print(f">> exported {source} -> {out} ({loader}.from_pretrained('{out}'))")
         return 0
     if action == "import":
         if not env.get("INPUT") or not env.get("OUTPUT"):

@@ -14,6 +14,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.utils import init_method_normal
 
+from ..config.attention import window_pattern
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from . import fusions
@@ -74,6 +75,14 @@ def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> Tran
         kwargs["output_layer_init_method"] = init_method_normal(m.init_method_std)
     if cfg.moe.enabled:
         kwargs.update(moe_config(cfg))
+    pattern = window_pattern(m)
+    if pattern:
+        # (w, 0): keys i-w..i. The list form (1 = windowed) is indexed by megatron-core's 1-based global layer
+        # number, so one pattern holds for every PP stage.
+        kwargs.update(window_size=(m.window_size, 0), window_attn_skip_freq=[int(x) for x in pattern])
+        if not use_transformer_engine(cfg):
+            # megatron-core's fused upper-triangular softmax kernel applies the causal mask only, not the window
+            kwargs["masked_softmax_fusion"] = False
     return TransformerConfig(**kwargs)
 
 

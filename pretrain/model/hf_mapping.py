@@ -1,7 +1,8 @@
 """megatron-core GPTModel state dict (one TP=1 model, whole tensors) <-> Hugging Face transformers.
 
 GPT recipes map to GPT-2 (`GPT2LMHeadModel`: learned positions, LayerNorm, exact GELU), Llama
-recipes to Llama (`LlamaForCausalLM`: RoPE, RMSNorm, SwiGLU, GQA), Llama-layout MoE recipes to
+recipes to Llama (`LlamaForCausalLM`: RoPE, RMSNorm, SwiGLU, GQA; with sliding-window layers to
+`MinistralForCausalLM`, the same tensors plus per-layer `layer_types`), Llama-layout MoE recipes to
 Mixtral (`MixtralForCausalLM`). The layouts that differ:
 * megatron-core's fused QKV holds, per query group, [the group's query heads; its key; its value]
   (rows of head_dim each); HF holds q, k, v separately (GPT-2: one Conv1D [h, 3h] whose columns
@@ -27,6 +28,7 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
+from ..config.attention import window_pattern
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 
@@ -45,6 +47,11 @@ def unsupported(cfg: JobConfig) -> List[str]:
         problems.append("model.qk_layernorm=true (neither GPT-2 nor Llama normalises queries/keys)")
     if m.embedding_layernorm:
         problems.append("model.embedding_layernorm=true (no embedding norm in GPT-2 or Llama)")
+    if m.window_size is not None and m.arch == "gpt":
+        problems.append("model.window_size on the GPT layout (GPT-2 has no local layers; GPT-Neo, the GPT-2-like "
+                        "architecture with them, has no q/k/v biases and does not scale scores by 1/sqrt(d))")
+    if m.window_size is not None and cfg.moe.enabled:
+        problems.append("model.window_size with MoE (Mixtral's sliding_window covers every layer: no global ones)")
     if m.arch == "gpt":
         if m.position_embedding_type != "learned_absolute":
             problems.append(f"model.position_embedding_type={m.position_embedding_type} (GPT-2 has learned positions)")
@@ -60,6 +67,22 @@ def unsupported(cfg: JobConfig) -> List[str]:
             problems.append("Llama needs RMSNorm, SwiGLU and no biases "
                             "(model.normalization/activation/add_bias_linear)")
     return problems
+
+
+def window_mismatch(config, cfg: JobConfig) -> str:
+    """Where an HF config's sliding-window layers (`layer_types`, or one `sliding_window` for every layer) differ
+    from the recipe's (HF's window counts the query: ours + 1); '' where they agree."""
+    n = cfg.model.num_layers
+    sliding = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    theirs = [t == "sliding_attention" for t in types] if types else [sliding is not None] * n
+    ours = window_pattern(cfg.model) or [False] * n
+    window = sliding - 1 if any(theirs) else None
+    if theirs == ours and window == (cfg.model.window_size if any(ours) else None):
+        return ""
+    return (f"its windowed layers are {[i for i, w in enumerate(theirs) if w]} with window {window}, the recipe's "
+            f"{[i for i, w in enumerate(ours) if w]} with model.window_size={cfg.model.window_size}. Fix: "
+            f"model.window_size={window} and model.global_layers={[i for i, w in enumerate(theirs) if not w]}")
 
 
 def moe_unsupported(cfg: JobConfig) -> List[str]:
@@ -242,6 +265,12 @@ def hf_config(cfg: JobConfig, vocab_size: int, bos: int, eos: int):
                              num_local_experts=moe.num_experts, num_experts_per_tok=moe.router_topk,
                              router_aux_loss_coef=moe.aux_loss_coeff, sliding_window=None,
                              architectures=["MixtralForCausalLM"], **common)
+    pattern = window_pattern(m)
+    if pattern:     # Ministral: Llama's layout with per-layer sliding/full attention; HF's window counts the query
+        from transformers import MinistralConfig
+        return MinistralConfig(intermediate_size=d.ffn_hidden_size, sliding_window=m.window_size + 1,
+                               layer_types=["sliding_attention" if w else "full_attention" for w in pattern],
+                               architectures=["MinistralForCausalLM"], **common)
     from transformers import LlamaConfig
     return LlamaConfig(intermediate_size=d.ffn_hidden_size, attention_bias=False, mlp_bias=False,
                        architectures=["LlamaForCausalLM"], **common)

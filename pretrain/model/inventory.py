@@ -3,68 +3,23 @@
 Each tensor is listed with its shape and how TP splits it, mirroring megatron-core 0.16
 (`get_gpt_layer_local_spec` / TE spec): column-parallel weights and biases are split,
 row-parallel weights are split but their bias is replicated, norms are replicated.
-`tests/test_plan.py` checks the total against the model the engine builds.
+`tests/test_plan.py` checks the total against the model the engine builds. BERT and T5
+(model.arch bert / t5) are inventory_encdec.py's: count_params, stage_tensors, flops_per_token and
+tp_split_patterns hand them over.
 """
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
 
+from ..config.attention import key_span, window_pattern
 from ..config.derive import pipeline_stage_layers
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from .hf_mapping import TE_NAMES
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    shape: tuple[int, ...]
-    split: str = "none"          # "none" (replicated over TP), "row" (dim 0 split), "col" (dim 1 split)
-    matmul: bool = False         # a GEMM weight (counts in 6N FLOPs)
-    embedding: bool = False
-    vocab: bool = False          # dim 0 is the (padded) vocabulary
-    gated: bool = False          # dim 0 is [gate; up], each half split over TP on its own (SwiGLU fc1)
-    expert: bool = False         # one MoE expert's: held by one EP rank, split over the expert TP degree
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    def per_rank(self, tp: int, ep: int = 1, expert_tp: int | None = None) -> float:
-        """Elements one rank holds: its TP slice; for an expert tensor its expert-TP slice times the
-        share of experts an EP rank holds (1/ep of them, so a per-tensor average)."""
-        if self.expert:
-            ways = expert_tp or tp
-            return (self.numel if self.split == "none" else self.numel // ways) / ep
-        return self.numel if self.split == "none" else self.numel // tp
-
-    def per_rank_shape(self, tp: int) -> tuple[int, ...]:
-        if self.split == "row":
-            return (self.shape[0] // tp, *self.shape[1:])
-        if self.split == "col":
-            return (self.shape[0], self.shape[1] // tp)
-        return self.shape
-
-
-def _norm(name: str, width: int, cfg: JobConfig) -> list[Tensor]:
-    tensors = [Tensor(f"{name}.weight", (width,))]
-    if cfg.model.normalization == "LayerNorm":
-        tensors.append(Tensor(f"{name}.bias", (width,)))
-    return tensors
-
-
-def _mlp(cfg: JobConfig, prefix: str, width: int, expert: bool = False) -> list[Tensor]:
-    h, bias, gated = cfg.model.hidden_size, cfg.model.add_bias_linear, cfg.model.activation == "swiglu"
-    fc1_out = width * (2 if gated else 1)
-    t = [Tensor(f"{prefix}.linear_fc1.weight", (fc1_out, h), "row", matmul=True, gated=gated, expert=expert)]
-    if bias:
-        t.append(Tensor(f"{prefix}.linear_fc1.bias", (fc1_out,), "row", expert=expert))
-    t.append(Tensor(f"{prefix}.linear_fc2.weight", (h, width), "col", matmul=True, expert=expert))
-    if bias:
-        t.append(Tensor(f"{prefix}.linear_fc2.bias", (h,), expert=expert))
-    return t
+from .inventory_encdec import ENCDEC_ARCHS, encdec_count_params, encdec_flops_per_token, encdec_tensors
+from .tensors import Tensor
+from .tensors import mlp_tensors as _mlp
+from .tensors import norm_tensors as _norm
 
 
 def moe_mlp_tensors(cfg: JobConfig) -> list[Tensor]:
@@ -130,6 +85,8 @@ def head_tensors(cfg: JobConfig, *, tied_copy: bool) -> list[Tensor]:
 
 def stage_tensors(cfg: JobConfig) -> list[list[Tensor]]:
     """Tensors held by each pipeline stage (one TP rank's view is `Tensor.per_rank`)."""
+    if cfg.model.arch in ENCDEC_ARCHS:     # one pipeline stage (objective_problems)
+        return [encdec_tensors(cfg)]
     p = cfg.parallel
     pp = p.pipeline_model_parallel_size
     layers = pipeline_stage_layers(cfg.model.num_layers, pp, p.num_layers_in_first_pipeline_stage,
@@ -154,6 +111,8 @@ def count_params(cfg: JobConfig) -> dict:
     """Unique parameters of the whole model (TP=1 view; a tied PP copy is not counted twice).
     `active`: what one token uses (an MoE layer: router, top-k of its experts, shared experts);
     `matmul`: the GEMM weights a token goes through, the N of 6N FLOPs."""
+    if cfg.model.arch in ENCDEC_ARCHS:
+        return encdec_count_params(cfg)
     embed = embedding_tensors(cfg)
     layers = [t for kind in layer_kinds(cfg) for t in layer_tensors(cfg, moe=kind)]
     total = sum(t.numel for t in embed + head_tensors(cfg, tied_copy=False) + layers)
@@ -175,6 +134,8 @@ def tp_split_patterns(cfg: JobConfig) -> dict[str, list[str]]:
     te_spelling = {local: te for te, local in TE_NAMES.items()}
     moe = layer_tensors(cfg, moe=True) if cfg.moe.enabled else []
     tensors = embedding_tensors(cfg) + layer_tensors(cfg) + moe + head_tensors(cfg, tied_copy=True)
+    if cfg.model.arch in ENCDEC_ARCHS:
+        tensors = encdec_tensors(cfg)
     out: dict[str, list[str]] = {"replicated": [], "dim1": [], "vocab": [], "gated": []}
     for t in tensors:
         names = [t.name] + ([te_spelling[t.name]] if t.name in te_spelling else [])
@@ -190,11 +151,16 @@ def flops_per_token(cfg: JobConfig, params: dict) -> dict:
 
     model: 6 * N_matmul + 12 * L * s * (heads * d_head)  -- PaLM (Chowdhery et al. 2022, App. B),
         N_matmul = every GEMM weight incl. the output projection; attention scores and
-        values counted without the causal-mask discount, as in PaLM's MFU.
+        values counted without the causal-mask discount, as in PaLM's MFU. A sliding-window
+        layer (model.window_size w) is charged its w+1 keys per query instead of s.
     hardware: adds the recomputed forward: full recompute +2N + 4Ls(HQ); selective +4Ls(HQ).
+    BERT and T5: inventory_encdec.encdec_flops_per_token (bidirectional encoder, decoder, heads).
     """
+    if cfg.model.arch in ENCDEC_ARCHS:
+        return encdec_flops_per_token(cfg, params)
     m, d = cfg.model, cfg.derived
-    attn = 12 * m.num_layers * m.seq_length * m.num_attention_heads * d.kv_channels
+    spans = [key_span(m, w) for w in window_pattern(m) or [False] * m.num_layers]
+    attn = 12 * sum(spans) * m.num_attention_heads * d.kv_channels
     model = 6 * params["matmul"] + attn
     hardware = model
     if cfg.parallel.recompute_granularity == "full":

@@ -3,7 +3,8 @@
 
 Throughput: tokens/s over the logging window; model TFLOP/s per device =
 training_flops (the planner's 6N + 12·L·s·H·Q with PEFT's and a teacher's terms, pretrain/plan/peft.py)
-x tokens/s / devices;
+x tokens/s / devices (BERT / T5: the logged tokens are encoder tokens, global batch x seq_length, and the FLOPs
+per token a sample's, decoder included, / seq_length: pretrain/model/inventory_encdec.py);
 MFU = that / the device's dense peak (pretrain/plan/hardware.py; none on CPU).
 Memory: max allocated on GPU, resident set size on CPU.
 """
@@ -49,6 +50,12 @@ def distill_text(record: dict) -> str:
         return ""
     hidden = f" hidden {record['hidden_loss']:.4f}" if "hidden_loss" in record else ""
     return f" | kd {record['kd_loss']:.4f} teacher {record['teacher_loss']:.4f}{hidden}"
+
+
+def terms_text(result) -> str:
+    """The console's objective part: the terms that `loss` sums (masked LM and the sentence-pair head)."""
+    terms = getattr(result, "terms", None) or {}
+    return " | " + " ".join(f"{k.replace('_loss', '')} {v:.4f}" for k, v in terms.items()) if terms else ""
 
 
 def open_appending(path: Path):
@@ -111,6 +118,8 @@ class Metrics:
             record.update(result.moe)
         if getattr(result, "distill", None):
             record.update(result.distill)
+        if getattr(result, "terms", None):
+            record.update(result.terms)
         if mix_weights is not None:
             record["mix_weights"] = mix_weights
         self.reset_window()
@@ -122,7 +131,8 @@ class Metrics:
             print(f"step {record['step']:>6}/{self.cfg.derived.train_iters} | loss {record['loss']:.4f} | lr {lr:.3e} "
                   "| "
                   f"gnorm {gn} | batch {global_batch} | {tps:,.0f} tok/s | {tflops:.3f} TFLOP/s/dev{mfu} | "
-                  f"skipped {self.skipped_total}{mem}{moe_text(record)}{distill_text(record)}", flush=True)
+                  f"skipped {self.skipped_total}{mem}{moe_text(record)}{distill_text(record)}{terms_text(result)}",
+                  flush=True)
         return record
 
     def evaluation(self, step: int, split: str, loss: float) -> dict:

@@ -24,6 +24,10 @@ def render(plan: dict) -> str:
         "6N + 12*L*s*H*Q"
     if "distill" in plan:
         formula += " + the teacher's forward"
+    if plan.get("windowed_layers"):     # a sliding-window layer is charged its w+1 keys per query, not s
+        formula = formula.replace("L*s", "(L_global*s + L_window*(w+1))")
+    if "encdec" in plan:
+        formula = plan["encdec"]["formula"]
     teacher = (f" + teacher weights {mem['teacher_weights']:.2f} + teacher activations {mem['teacher_activations']:.2f}"
                if "distill" in plan else "")
     lines = [
@@ -44,6 +48,10 @@ def render(plan: dict) -> str:
         f"  Chinchilla tokens {human(plan['chinchilla_tokens'])} (20 x params); budget {human(plan['train_tokens'])} "
         f"tokens in {plan['train_iters']:,} steps",
     ]
+    if "encdec" in plan:
+        ed = plan["encdec"]
+        share = f"; decoder {ed['decoder_flops_share']:.1%} of the FLOPs" if ed["decoder_tokens"] else ""
+        lines.insert(2, f"  {ed['arch']:<17} {ed['stacks']}; tokens are encoder tokens{share}")
     if "moe" in plan:
         moe = plan["moe"]
         lines.insert(2, f"  MoE               {moe['experts']} experts, top-{moe['router_topk']}, "

@@ -4,9 +4,12 @@ from __future__ import annotations
 import copy
 from typing import Optional
 
+from ..config.attention import windowed_layers
 from ..config.derive import derive
 from ..config.schema import JobConfig
 from ..model.inventory import count_params
+from ..model.inventory_encdec import ENCDEC_ARCHS
+from .encdec import encdec_plan
 from .hardware import DEVICES, peak_tflops
 from .memory import memory_per_gpu, stage_param_bytes
 from .moe import moe_plan
@@ -21,8 +24,9 @@ ASSUMED_MFU = 0.4   # where the step-time model has no rates (GPU type not in DE
 
 def modelled_mfu(cfg: JobConfig) -> Optional[float]:
     """The step-time model's MFU for the recipe's own layout (`make plan SEARCH=1` ranks layouts with the same
-    model), or None where it cannot say: a GPU type without attainable rates, or MoE layers (dense only)."""
-    if cfg.cluster.gpu_type not in DEVICES or cfg.moe.enabled:
+    model), or None where it cannot say: a GPU type without attainable rates, or MoE layers (dense only), or
+    BERT / T5 (perf.py times decoder-only layers at one sequence length)."""
+    if cfg.cluster.gpu_type not in DEVICES or cfg.moe.enabled or cfg.model.arch in ENCDEC_ARCHS:
         return None
     scratch = copy.deepcopy(cfg)
     scratch.schedule.train_iters, scratch.schedule.train_tokens = 1, None   # no ramp walk: the full batch's step
@@ -57,6 +61,7 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] =
         "tokens_per_step": d.tokens_per_step,
         "flops_per_token": flops["model"],
         "flops_per_token_hardware": flops["hardware"],
+        "windowed_layers": windowed_layers(cfg.model),
         "flops_per_step": flops["model"] * d.tokens_per_step,
         "memory_per_gpu_gib": {k: round(v, 3) for k, v in mem.items() if k != "stage"},
         "memory_stage": mem["stage"],
@@ -78,6 +83,8 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] =
                    "micro_batch": cfg.batch.micro_batch_size, "global_batch": cfg.batch.global_batch_size,
                    "num_microbatches": d.num_microbatches, "ep": p.expert_model_parallel_size},
     }
+    if cfg.model.arch in ENCDEC_ARCHS:     # per-token FLOPs are a sample's / seq_length (inventory_encdec.py)
+        plan["encdec"] = encdec_plan(cfg, flops)
     if cfg.moe.enabled:     # FLOPs above already count the active parameters only (inventory's `matmul`)
         plan["moe"] = moe_plan(cfg, params)
     if cfg.peft.enabled:

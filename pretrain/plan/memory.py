@@ -19,13 +19,18 @@ Sources (formulas in docs/planner.md):
   parameters only (plus their weights and activations; peft.py). Distillation: the teacher's weights at
   the student's TP, and its forward working set: one layer's activations (what it would keep for backward
   bounds what one layer's forward holds at once) plus its fp32 logits [micro x seq x vocab/TP] for the KL.
+* BERT / T5 (model.arch): the weights from inventory_encdec.py, the activations from plan/encdec.py (each stack
+  at its own sequence length, scores materialised: the local attention those models run).
 """
 from __future__ import annotations
 
+from ..config.attention import window_pattern
 from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
 from ..model.inventory import embedding_tensors, head_tensors, layer_kinds, layer_tensors, stage_tensors
+from ..model.inventory_encdec import ENCDEC_ARCHS, encdec_tensors
 from ..optim.registry import OPTIMIZERS
+from .encdec import encdec_activation_bytes
 from .peft import (
     added_activation_bytes_per_layer,
     layer_added_tensors,
@@ -58,6 +63,8 @@ def checkpoint_bytes(cfg: JobConfig) -> float:
     layer is stored once; RNG states, the data position and meta.json are negligible beside them."""
     tensors = [*embedding_tensors(cfg), *head_tensors(cfg, tied_copy=False),
                *(t for kind in layer_kinds(cfg) for t in layer_tensors(cfg, moe=kind))]    # as count_params
+    if cfg.model.arch in ENCDEC_ARCHS:
+        tensors = encdec_tensors(cfg)
     return sum(t.numel for t in tensors) * _bytes_per_element(cfg) + optimizer_state_bytes(cfg, tensors, 1)
 
 
@@ -103,6 +110,16 @@ def scores_bytes(cfg: JobConfig) -> float:
     s, b, e = m.seq_length // p.context_parallel_size, cfg.batch.micro_batch_size, _bytes_per_element(cfg)
     drop = (1 + e) if m.attention_dropout > 0 else 0
     return m.num_attention_heads * s * s * b * (e + drop) / p.tensor_model_parallel_size
+
+
+def window_mask_bytes(cfg: JobConfig) -> float:
+    """The bool s x s mask one sliding-window layer builds and keeps for backward where scores are materialised
+    and not recomputed (megatron-core's get_sliding_window_causal_mask is built per layer and call; the plain
+    causal mask is one cached tensor). With flash attention a window changes no activation: O(s) per head."""
+    if scores_bytes(cfg) == 0 or cfg.parallel.recompute_granularity is not None:
+        return 0.0
+    s = cfg.model.seq_length // cfg.parallel.context_parallel_size
+    return s * s
 
 
 def _moe_mlp_bytes(cfg: JobConfig, tokens: float, e: int) -> float:
@@ -185,6 +202,7 @@ def memory_per_gpu(cfg: JobConfig, cache: dict | None = None) -> dict:
             weights = 0.0
         first = sum(layers[:i])
         stage_layers = sum(per_kind[kind] for kind in kinds[first:first + layers[i]])
+        stage_layers += window_mask_bytes(cfg) * sum((window_pattern(cfg.model) or [])[first:first + layers[i]])
         activations = stage_layers * max(1, in_flight - i) * (interleave if i == 0 else 1.0)
         if p.recompute_granularity == "full":   # the recomputed group's working set in backward
             working = activation_bytes_per_layer(cfg, None) + (added_activation_bytes_per_layer(cfg, s * b, e)
@@ -198,6 +216,8 @@ def memory_per_gpu(cfg: JobConfig, cache: dict | None = None) -> dict:
             activations += s * s * b * max(1, in_flight - i)
         if i == pp - 1:                          # fp32 logits for the cross entropy
             activations += 4 * s * b * d.padded_vocab_size / tp
+        if cfg.model.arch in ENCDEC_ARCHS:     # BERT / T5: their stacks and heads (plan/encdec.py)
+            activations = encdec_activation_bytes(cfg, activation_bytes_per_layer)
         stage = {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": activations}
         if teacher is not None:
             stage.update(teacher_bytes(teacher))

@@ -9,7 +9,8 @@ principles, then the schedule, data-parallel reduction and optimizer are added:
   store of the output at HBM speed (bf16 activations; the weight gradient accumulates into fp32
   main_grad, read + write) - NVIDIA's Matrix Multiplication Background guide, sec. 3;
 * attention: causal flash attention, forward 2 and backward 5 matmuls of b s (s/CP) (heads x head
-  dim) / TP (half the full-square count for the mask) at ATTENTION_FRACTION of peak; with
+  dim) / TP (half the full-square count for the mask; a sliding-window layer's s(w+1) - w(w+1)/2
+  pairs instead of s^2/2, as the kernel skips blocks outside the band) at ATTENTION_FRACTION of peak; with
   model.attention_backend=unfused the s x s scores are materialised: the full-square matmuls plus
   the scores' HBM traffic (softmax, dropout and their backward) per head;
 * element-wise work (norms, bias-dropout-add, activation, RoPE; FP8 casts with transposes): memory
@@ -43,6 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..config.attention import causal_pairs, window_pattern
 from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
 from ..model.inventory import layer_tensors
@@ -112,6 +114,7 @@ class Shape:
     gemms: tuple = ()                # (out, in, split) of each layer GEMM weight, inventory order
     frozen: bool = False             # PEFT: the base GEMMs compute no weight gradient
     added: tuple = ()                # (out, in, split) of each GEMM PEFT adds to a layer
+    pairs: float = 0.0               # causal (query, key) pairs per layer, mean over layers (windows: fewer)
 
 
 def shape(cfg: JobConfig) -> Shape:
@@ -123,7 +126,9 @@ def shape(cfg: JobConfig) -> Shape:
                  rope=m.position_embedding_type == "rope", seq=m.seq_length, heads=m.num_attention_heads,
                  unfused=m.attention_backend == "unfused", attn_dropout=m.attention_dropout > 0,
                  gemms=tuple((t.shape[0], t.shape[1], t.split) for t in tensors), frozen=cfg.peft.enabled,
-                 added=tuple((t.shape[0], t.shape[1], t.split) for t in layer_added_tensors(cfg) if t.matmul))
+                 added=tuple((t.shape[0], t.shape[1], t.split) for t in layer_added_tensors(cfg) if t.matmul),
+                 pairs=sum(causal_pairs(m.seq_length, m.window_size if w else None)
+                           for w in window_pattern(m) or [False] * m.num_layers) / m.num_layers)
 
 
 def gemm_seconds(m: float, n: float, k: float, rate: Rates, out_bytes: float) -> float:
@@ -167,8 +172,8 @@ def _ring(bytes_: float, n: int, bw: float, factor: float = 1.0, calls: float = 
 
 def _attention(sh: Shape, b: int, s: int, cp: int, tp: int, rate: Rates, e: int) -> tuple[float, float]:
     """(forward, backward) seconds of core attention for one micro-batch on one rank."""
-    if not sh.unfused:   # flash: one causal matmul pass is b s (s/cp) q / tp FLOPs x 2, half the square
-        unit = 2 * b * s * (s / cp) * sh.q / tp / 2 / rate.attention
+    if not sh.unfused:   # flash: one causal matmul pass is 2 b (pairs / cp) q / tp FLOPs; pairs s^2/2 unwindowed
+        unit = 2 * b * (sh.pairs or s * s / 2) / cp * sh.q / tp / rate.attention
         return ATTENTION_MATMULS[0] * unit, ATTENTION_MATMULS[1] * unit
     # materialised scores (full square, masked after): batched matmuls with K = head dim are bound by
     # writing / reading the scores; softmax (+ dropout with its 1-byte mask) read and write them

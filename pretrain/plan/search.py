@@ -28,6 +28,7 @@ from ..config.derive import derive
 from ..config.peft import distill_problems
 from ..config.schema import JobConfig
 from ..config.validate import validate
+from ..model.inventory_encdec import ENCDEC_ARCHS
 from .hardware import device
 from .memory import memory_per_gpu, stage_param_bytes
 from .peft import composed_teacher
@@ -152,6 +153,11 @@ def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, tp
         raise ConfigError([f"moe.num_experts={experts}: the layout search models dense layers only (EP, expert "
                            "all-to-all and expert memory are not in perf.py / memory.py). Fix: plan a MoE recipe "
                            "without SEARCH=1."], source="SEARCH")
+    arch = getattr(getattr(base, "model", None), "arch", None)
+    if arch in ENCDEC_ARCHS:
+        raise ConfigError([f"model.arch={arch}: the layout search times decoder-only layers at one sequence "
+                           "length (perf.py), and the BERT / T5 recipes run on one pipeline stage. Fix: plan it "
+                           "without SEARCH=1 (make plan RECIPE=... GPUS=N)."], source="SEARCH")
     nodes, per_node = world(base, gpus)
     gpus = nodes * per_node
     dev = device(base.cluster.gpu_type)

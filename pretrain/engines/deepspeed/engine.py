@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 from ...config.schema import JobConfig
 from ...data.packing import model_inputs, uses_thd
+from ...objectives.registry import objective_for
 from ..base import Engine, StepResult, label_logprobs
 from ..common import exempt_from_weight_decay, init_distributed, token_mean_loss
 from . import cpu_compat
@@ -126,6 +128,7 @@ class DeepSpeedEngine(Engine):
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
             (Path(cfg.run_dir) / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2) + "\n")
         self.mpu = MegatronMpu(ps)
+        self.objective = objective_for(cfg)           # masked LM; None: next-token (GPTModel)
         model = self._build_model(deepspeed)
         self.ds, _, _, _ = deepspeed.initialize(model=model, model_parameters=self._param_groups(model),
                                                 config=self.ds_config, mpu=self.mpu, dist_init_required=False)
@@ -139,13 +142,15 @@ class DeepSpeedEngine(Engine):
         cfg = self.cfg
         self.tconfig = transformer_config(cfg)
         stage3 = cfg.deepspeed.zero_stage == 3
+        build = self.objective.build_model if self.objective is not None else partial(build_gpt_model, cfg,
+                                                                                      self.tconfig)
         # ZeRO-3: parameters are partitioned as each module is built, never whole on one rank.
         if stage3:
             with deepspeed.zero.Init(config_dict_or_path=self.ds_config, mpu=self.mpu,
                                      data_parallel_group=self.ps.get_data_parallel_group()):
-                model = build_gpt_model(cfg, self.tconfig)
+                model = build()
         else:
-            model = build_gpt_model(cfg, self.tconfig)
+            model = build()
         if cfg.model.layout_invariant_init:
             gather = ((lambda p: deepspeed.zero.GatheredParameters([p], modifier_rank=0)) if stage3
                       else (lambda p: contextlib.nullcontext()))
@@ -168,6 +173,10 @@ class DeepSpeedEngine(Engine):
         return "cpu" if self.on_cpu else torch.cuda.current_device()
 
     def _micro_losses(self, batch: Dict[str, torch.Tensor]):
+        if self.objective is not None:
+            output, loss_func = self.objective.forward(self.ds, {k: v.to(self._device(), non_blocking=True)
+                                                                 for k, v in batch.items()})
+            return loss_func(output)
         z = self.cfg.model.z_loss_coeff
         batch = model_inputs({k: v.to(self._device(), non_blocking=True) for k, v in batch.items()},
                              uses_thd(self.cfg, self.on_cpu))            # data.document_mask: data/packing.py
@@ -206,15 +215,17 @@ class DeepSpeedEngine(Engine):
         self.set_lr(lr)
         self.ds.train()
         n, z = len(micro_batches), bool(self.cfg.model.z_loss_coeff)
+        keys = ("lm loss",) + (("z loss",) if z else ()) + (self.objective.metric_keys if self.objective else ())
         sums = None
         for i, batch in enumerate(micro_batches):
             self.ds.set_gradient_accumulation_boundary(i == n - 1)
             loss, parts = self._micro_losses(batch)
             self.ds.backward(loss / n, scale_wrt_gas=False)
-            detached = [parts["lm loss"]] + ([parts["z loss"]] if z else [])
+            detached = [parts[k] for k in keys]
             sums = detached if sums is None else [a + b for a, b in zip(sums, detached, strict=True)]
         means = self._mean_over_dp([s / n for s in sums])
         loss_value, z_value = means[0], (means[1] if z else None)
+        terms = {k.replace(" ", "_"): v for k, v in zip(keys[1:], means[1:], strict=True) if k != "z loss"} or None
         skipped_before = self.ds.skipped_steps
         self.veto.arm(approve, loss_value)
         if not hasattr(self.ds.optimizer, "_global_grad_norm"):
@@ -225,10 +236,11 @@ class DeepSpeedEngine(Engine):
         if overflow:
             if approve is not None and not self.cfg.precision.fp16:
                 approve(loss_value, math.inf)   # DeepSpeed skipped non-finite grads itself: the policy logs it
-            return StepResult(loss=loss_value, grad_norm=None, skipped=True, loss_scale=scale, z_loss=z_value)
+            return StepResult(loss=loss_value, grad_norm=None, skipped=True, loss_scale=scale, z_loss=z_value,
+                              terms=terms)
         rejected = self.veto.decision is False
         return StepResult(loss=loss_value, grad_norm=self.veto.grad_norm, skipped=rejected, loss_scale=scale,
-                          rejected=rejected, z_loss=z_value)
+                          rejected=rejected, z_loss=z_value, terms=terms)
 
     @torch.no_grad()
     def eval_loss(self, micro_batches) -> float:

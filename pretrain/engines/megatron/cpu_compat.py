@@ -20,8 +20,9 @@ when an upgrade made the adaptation unnecessary and it should be deleted.
 5. cuda-tensor-type: optimizer wrappers and grad clipping check
    `param.type() == 'torch.cuda.FloatTensor'` and raise "Wrapped parameters must be one of
    torch.cuda.FloatTensor, ..." for CPU tensors; `Tensor.type()` reports the CUDA name.
-6. causal-mask: `get_default_causal_mask` builds its mask with `device="cuda"`; under full
-   recompute it runs inside autograd backward, where (1) is not active: built on CPU.
+6. causal-mask: `get_default_causal_mask` and `get_sliding_window_causal_mask` (windowed layers,
+   `model.window_size`) build their masks with `device="cuda"`; under recompute they run inside autograd
+   backward, where (1) is not active: built on CPU, each shape once.
 7. torch-norm-sp: `WrappedTorchNorm` asserts "sequence parallel not supported by torch
    LayerNorm" (apex/TE norms support it). Torch's norm is correct under SP as long as its
    params carry `sequence_parallel=True` so their grads are all-reduced over TP, which
@@ -122,8 +123,16 @@ def _patch_causal_mask() -> None:
     def get_default_causal_mask(sq: int) -> torch.Tensor:
         return torch.triu(torch.ones(sq, sq, device="cpu"), diagonal=1).bool()
 
+    @functools.cache
+    def get_sliding_window_causal_mask(sq: int, skv: int, window_size: tuple) -> torch.Tensor:
+        kept = torch.ones(sq, skv, dtype=torch.bool, device="cpu")
+        kept = torch.tril(torch.triu(kept, diagonal=skv - sq - window_size[0]), diagonal=skv - sq + window_size[1])
+        return ~kept
+
     tutils.get_default_causal_mask = get_default_causal_mask
     fused_softmax.get_default_causal_mask = get_default_causal_mask
+    tutils.get_sliding_window_causal_mask = get_sliding_window_causal_mask
+    fused_softmax.get_sliding_window_causal_mask = get_sliding_window_causal_mask
 
 
 def _patch_rng() -> None:
@@ -213,11 +222,12 @@ def _probe_causal_mask():
     """Under full recompute the mask is built inside autograd backward, where this thread's
     TorchFunctionMode is not active; a fresh thread reproduces that."""
 
-    from megatron.core.transformer.utils import get_default_causal_mask
+    from megatron.core.transformer.utils import get_default_causal_mask, get_sliding_window_causal_mask
     errors = []
 
     def build():
         try:
+            get_sliding_window_causal_mask(4, 4, (2, 0))
             get_default_causal_mask(4)
         except Exception as err:  # re-raised in the caller
             errors.append(err)

@@ -26,6 +26,7 @@ from ...config.schema import JobConfig
 from ...data.packing import model_inputs, scored_tokens, uses_thd
 from ...model.gpt import build_gpt_model, transformer_config
 from ...model.init import layout_invariant_init
+from ...objectives.registry import objective_for
 from ..base import Engine, StepResult, label_logprobs
 from ..common import context_parallel_loss, init_distributed, token_mean_loss
 from . import checkpointing, cpu_compat, optimizer_state
@@ -67,6 +68,7 @@ class MegatronEngine(Engine):
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_size = ps.get_data_parallel_world_size()
         self.frozen = FrozenParts(cfg, self.on_cpu)      # PEFT's frozen base, a distillation teacher
+        self.objective = objective_for(cfg)              # masked LM, denoising; None: next-token (GPTModel)
         self.checkpoint_keys = self.frozen.checkpoint_keys
         self.model = self._build_model()
         self.optimizer = self._build_optimizer()
@@ -84,12 +86,16 @@ class MegatronEngine(Engine):
         chunks = []
         for vp in range(vpp or 1):
             vp_stage = vp if vpp else None
-            chunk = build_gpt_model(
-                cfg, self.tconfig, vp_stage=vp_stage,
-                pre_process=ps.is_pipeline_first_stage(ignore_virtual=vpp is None, vp_stage=vp_stage),
-                post_process=ps.is_pipeline_last_stage(ignore_virtual=vpp is None, vp_stage=vp_stage))
-            if cfg.model.layout_invariant_init:
-                layout_invariant_init(cfg, chunk, chunk.decoder.layers[0].layer_number - 1)   # before any cast
+            first = ps.is_pipeline_first_stage(ignore_virtual=vpp is None, vp_stage=vp_stage)
+            last = ps.is_pipeline_last_stage(ignore_virtual=vpp is None, vp_stage=vp_stage)
+            if self.objective is not None:          # one pipeline stage (config/objective.py refuses PP)
+                chunk = self.objective.build_model(pre_process=first, post_process=last)
+                if cfg.model.layout_invariant_init:
+                    layout_invariant_init(cfg, chunk, 0)
+            else:
+                chunk = build_gpt_model(cfg, self.tconfig, vp_stage=vp_stage, pre_process=first, post_process=last)
+                if cfg.model.layout_invariant_init:
+                    layout_invariant_init(cfg, chunk, chunk.decoder.layers[0].layer_number - 1)   # before any cast
             self.frozen.adapt(chunk, self.tconfig)
             if not self.on_cpu:
                 chunk.cuda(torch.cuda.current_device())
@@ -137,8 +143,12 @@ class MegatronEngine(Engine):
         loss_func = partial(context_parallel_loss, ps.get_context_parallel_group()) if cp > 1 else token_mean_loss
         peft, distiller = self.frozen.peft, self.frozen.distiller
 
+        objective = self.objective
+
         def forward_step(data_iterator, model):
             raw = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
+            if objective is not None:
+                return objective.forward(model, raw)
             batch = model_inputs(peft.transform_batch(raw) if peft is not None else raw, thd)
             if cp > 1:              # this rank's 2 of the 2*CP sequence chunks, as Megatron-LM's get_batch
                 batch = get_batch_on_this_cp_rank(batch)
@@ -195,6 +205,12 @@ class MegatronEngine(Engine):
             chunk.train()
         outputs = self._forward_backward(micro_batches, forward_only=False)
         distilled = self.frozen.loss_keys()
+        if self.objective is not None:
+            keys = self.objective.metric_keys
+            loss, *parts = self._mean_losses(outputs, ("lm loss",) + keys)
+            result = self._update(loss, None, approve, None)
+            result.terms = {k.replace(" ", "_"): v for k, v in zip(keys, parts, strict=True)} or None
+            return result
         if self.cfg.model.z_loss_coeff:
             loss, z_loss = self._mean_losses(outputs, ("lm loss", "z loss"))
         elif distilled:
