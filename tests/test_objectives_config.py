@@ -47,3 +47,45 @@ def test_bad_objective_recipes_are_refused_with_the_fix(recipe, overrides, words
     text = refused(recipe, overrides)
     for word in words:
         assert word in text, text
+
+
+def sentence_blend(tmp_path, documents, sentences_per_document):
+    """A sentence-level blend.json as preprocessing writes one (split_sentences): one train prefix and its counts."""
+    import json
+
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    prefix = tmp_path / "train_text_sentence"
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for d in range(documents):
+        for s in range(sentences_per_document):
+            builder.add_item(__import__("torch").tensor([7 + d, 8 + s, 9]))
+        builder.end_document()
+    builder.finalize(f"{prefix}.idx")
+    single = documents if sentences_per_document == 1 else 0
+    blend = tmp_path / "blend.json"
+    blend.write_text(json.dumps({"format": "pretrain-blend/1", "splits": {"train": [{"weight": 1.0, "prefix":
+                                 "train_text_sentence"}]}, "tokenizer": {}, "sentences": {"train": {
+                                 "sentences": documents * sentences_per_document, "single_sentence_documents": single,
+                                 "empty_documents": 0, "long_sentence_documents": 0}}}))
+    return blend
+
+
+def test_a_sentence_pair_head_on_single_sentence_documents_is_refused(tmp_path):
+    tiny = "data.max_epochs=1e9"                        # 15 tokens of data: only the pairs rule may speak
+    blend = sentence_blend(tmp_path, 5, 1)
+    text = refused("bert-tiny", [f"data.blend={blend}", tiny])
+    assert "binary_head=nsp" in text and "none of its 5 train documents has two sentences" in text
+    assert "binary_head=null" in text                                   # the fix
+    load_recipe("bert-tiny", [f"data.blend={blend}", tiny, "objective.masked_lm.binary_head=null"])  # MLM alone
+    load_recipe("bert-tiny", [f"data.blend={sentence_blend(tmp_path, 5, 2)}", tiny])               # pairs: fine
+
+
+def test_a_document_level_blend_is_refused_for_the_encoder_objectives(tmp_path):
+    import json
+    blend = sentence_blend(tmp_path, 3, 2)
+    body = json.loads(blend.read_text())
+    del body["sentences"]
+    blend.write_text(json.dumps(body))
+    text = refused("t5-tiny", [f"data.blend={blend}", "data.max_epochs=1e9"])
+    assert "is document-level" in text and "tokenize.split_sentences=true" in text
