@@ -65,7 +65,11 @@ def launcher_overrides(job, sweep_dir: Path) -> List[str]:
                            "hydra-submitit-launcher 1.2.0, whose srun step takes no extra arguments or prefix. Fix: "
                            "submit each combination with make pretrain (same OVERRIDES plus the swept values), or "
                            "drop them for the sweep."], source="make ablate")
-    setup = list(c.setup) + [f"export {k}={shlex.quote(str(v))}" for k, v in c.env.items()]
+    # Threads per rank, exported before Python starts as launch.sbatch does: torch sizes its intra-op pool when
+    # it is imported (unpickling the task imports it), so setting OMP_NUM_THREADS inside the task came too late
+    # and every rank ran one thread per core of the node (on the tests' 2 cores: 10-18 s per gpt-tiny step).
+    setup = list(c.setup) + [f"export {k}={shlex.quote(str(v))}" for k, v in c.env.items()] + \
+        [f"export OMP_NUM_THREADS={c.cpus_per_task or 1}"]
     settings = {"nodes": c.nodes, "tasks_per_node": c.devices_per_node, "timeout_min": minutes(c.time),
                 "signal_delay_s": c.signal_lead_s, "name": job.name, "submitit_folder": f"{sweep_dir}/.submitit/%j",
                 "cpus_per_task": c.cpus_per_task, "partition": c.partition, "account": c.account, "qos": c.qos,
@@ -89,7 +93,6 @@ def train_here(job) -> int:
     # (sbatch exports the submitter's environment), and two runs on one node would then share a store.
     os.environ["MASTER_PORT"] = str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000)
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
     code = run(job)
     env = submitit.JobEnvironment()
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))

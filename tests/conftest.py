@@ -1,4 +1,5 @@
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -137,11 +138,37 @@ def pytest_sessionstart(session):
     torch.set_num_threads(1)
 
 
+SLURM_CLUSTER: dict = {}      # tests/slurm_cluster.sh start's result, until test_slurm.py's `slurm` fixture takes it
+
+
+def can_run_slurm() -> bool:
+    """Root with Debian's SLURM daemons and munge installed: what tests/slurm_cluster.sh needs."""
+    return os.geteuid() == 0 and shutil.which("slurmctld") is not None and shutil.which("munged") is not None
+
+
+def start_slurm_cluster() -> None:
+    SLURM_CLUSTER["start"] = subprocess.run(["bash", str(REPO / "tests" / "slurm_cluster.sh"), "start"],
+                                            capture_output=True, text=True)
+
+
+def pytest_sessionfinish(session):
+    """A cluster started for test_slurm.py whose tests never ran (an aborted session) is stopped here."""
+    thread = PREFETCH.get("slurm")
+    if thread is not None:
+        thread.join()
+        if SLURM_CLUSTER.pop("start", None) is not None:
+            subprocess.run(["bash", str(REPO / "tests" / "slurm_cluster.sh"), "stop"])
+
+
 def pytest_collection_finish(session):
     """What the selected tests use, known before the first one starts: the shared runs (one launch trains
-    them all) and the BIG-bench download (started now, in the background)."""
+    them all), the BIG-bench download and the local SLURM cluster (both started now, in the background: the
+    cluster's daemons take seconds to register, idle, and its tests run last)."""
     used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
     session.config.stash[WANTED_RUNS] = {name for name in used if name in SETS}
     if used & {"bigbench_prefetch", "demo_data", *SETS} and "bigbench" not in PREFETCH:
         PREFETCH["bigbench"] = threading.Thread(target=fetch_bigbench_tasks, name="bigbench-prefetch", daemon=True)
         PREFETCH["bigbench"].start()
+    if "slurm" in used and "slurm" not in PREFETCH and can_run_slurm():
+        PREFETCH["slurm"] = threading.Thread(target=start_slurm_cluster, name="slurm-start", daemon=True)
+        PREFETCH["slurm"].start()

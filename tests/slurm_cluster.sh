@@ -10,7 +10,9 @@
 # State lives in $PRETRAIN_SLURM_DIR (default /tmp/pretrain-slurm). The node advertises 8 CPUs
 # and 2 fake GPUs (gres.conf File= character devices made with mknod, which gives every task
 # its CUDA_VISIBLE_DEVICES like real ones; plain files do not), whatever the machine has
-# (SlurmdParameters=config_overrides).
+# (SlurmdParameters=config_overrides). The main scheduling loop runs every second (sched_interval=1,
+# its shortest): a job whose afterok dependency was just met, or a requeued job, waits for that loop,
+# and a chain of 10 dependent jobs took 16-20 s with sched_interval=2 against 9 s with 1.
 set -euo pipefail
 DIR=${PRETRAIN_SLURM_DIR:-/tmp/pretrain-slurm}
 HOST=$(hostname -s)
@@ -53,7 +55,7 @@ MpiDefault=none
 GresTypes=gpu
 KillWait=10
 MinJobAge=600
-SchedulerParameters=sched_interval=2
+SchedulerParameters=sched_interval=1
 NodeName=$HOST CPUs=8 RealMemory=16000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -99,7 +99,7 @@ def processes_with(marker: str) -> list[int]:
 
 @pytest.mark.slow
 def test_no_process_outlives_a_killed_run(tmp_path):
-    """Every save starts megatron-core's results-queue Manager (a spawn server process, ~390 MB). A finished run
+    """Every save starts megatron-core's results-queue Manager (a server process, forked). A finished run
     stops it at exit (multiprocessing's finalizer); a run killed with SIGKILL (whole process tree, as a node loss
     or scancel does) left it behind, re-parented to init (2 processes, with its resource tracker). Now it dies
     with its rank (engines/megatron/checkpointing.py)."""

@@ -1,6 +1,6 @@
 """The BERT, T5 and sliding-window recipes through the real entry point (pretrain.train.run under torchrun,
-the session's shared runs): each learns on the demo corpus, TP=2 gives the one-process losses, and BERT
-trains on the DeepSpeed engine to the same losses as on megatron-core."""
+the session's shared runs): each learns on the demo corpus, TP=2 gives the one-process losses, and BERT and T5
+train on the DeepSpeed engine to the same losses as on megatron-core."""
 import json
 import math
 
@@ -25,9 +25,10 @@ def objective_reference(root, runs):
 
 @shared_runs(nproc=2)
 def objective_layouts(root, runs):
-    """TP=2 of each recipe, and BERT on DeepSpeed ZeRO-1 over DP=2."""
+    """TP=2 of each recipe, BERT on DeepSpeed ZeRO-1 and T5 on ZeRO-3, over DP=2."""
     jobs = {f"{name}-tp2": [f"recipe={recipe}", "parallel=tp2", *SHORT] for name, recipe in RECIPES.items()}
     jobs["bert-ds"] = ["recipe=bert-tiny", "parallel=ds-zero1", *SHORT]
+    jobs["t5-ds"] = ["recipe=t5-tiny", "parallel=ds-zero3", *SHORT]
     return jobs
 
 
@@ -46,10 +47,11 @@ def test_each_recipe_learns_and_tp2_gives_the_one_process_losses(objective_refer
 
 
 @pytest.mark.slow
-def test_bert_on_deepspeed_equals_megatron(objective_reference, objective_layouts):
-    ref, ds = losses(objective_reference["bert"]), losses(objective_layouts["bert-ds"])
+@pytest.mark.parametrize("name", ["bert", "t5"])
+def test_deepspeed_equals_megatron(objective_reference, objective_layouts, name):
+    ref, ds = losses(objective_reference[name]), losses(objective_layouts[f"{name}-ds"])
     for step, (a, b) in enumerate(zip(ds, ref, strict=True)):
-        assert abs(a - b) < 1e-5, (step + 1, a, b)
+        assert abs(a - b) < 1e-5, (name, step + 1, a, b)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, newest_checkpoint
+from tests.conftest import PREFETCH, REPO, SLURM_CLUSTER, can_run_slurm, newest_checkpoint, start_slurm_cluster
 from tests.test_slurm_scripts import CLUSTER, FAKE_SBATCH, make_pretrain, site_scripts
 from tests.training import BASE
 
@@ -23,17 +23,26 @@ STEPS = 20
 # ---- a real cluster --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def slurm():
-    if os.geteuid() != 0 or shutil.which("slurmctld") is None or shutil.which("munged") is None:
+    """The one-node cluster, started in the background since the session began (tests/conftest.py), stopped
+    after this module's tests."""
+    if not can_run_slurm():
         pytest.skip("SLURM TESTS SKIPPED: need root and Debian's slurmctld/slurmd/slurm-client/munge "
                     "(.ci/run installs them with apt-get when it can)")
-    res = subprocess.run(["bash", str(REPO / "tests" / "slurm_cluster.sh"), "start"], capture_output=True, text=True)
+    if "slurm" in PREFETCH:
+        PREFETCH["slurm"].join()
+    else:
+        start_slurm_cluster()
+    res = SLURM_CLUSTER.pop("start")
     assert res.returncode == 0, res.stdout + res.stderr
     conf = res.stdout.strip().split("=", 1)[1]
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = conf
     yield conf
     subprocess.run(["scancel", "--user", "root"])   # a test that failed mid-job leaves nothing running
-    time.sleep(2)
+    deadline = time.time() + 10                     # until slurmd has ended them (at once when none ran)
+    while subprocess.run(["squeue", "-h", "-u", "root"], capture_output=True, text=True).stdout.strip() \
+            and time.time() < deadline:
+        time.sleep(0.2)
     subprocess.run(["bash", str(REPO / "tests" / "slurm_cluster.sh"), "stop"])
     if old is None:
         os.environ.pop("SLURM_CONF", None)
@@ -44,21 +53,30 @@ def job_info(job_id) -> dict:
     return {**dict(re.findall(r"(\w+)=(\S*)", out)), "JobName": re.search(r"JobName=(.*)$", out, flags=re.M).group(1)}
 
 
-def wait_for(job_id, timeout=420, on_pending=None) -> dict:
-    """Until the job ends. A requeued job waits ~120 s for its BeginTime: start it now. `on_pending(info)`
-    sees every pending state first."""
-    deadline = time.time() + timeout
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def wait_for(*job_ids, timeout=420, on_pending=None):
+    """Until every job ended: its final info (a list of them for several jobs). The jobs are watched together, so
+    one's pending state is seen while another still runs. A requeued job waits ~120 s for its BeginTime: start it
+    now. `on_pending(info)` sees every pending state first."""
+    deadline, ended = time.time() + timeout, {}
     while time.time() < deadline:
-        info = job_info(job_id)
-        if info["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-            return info
-        if info["JobState"] == "PENDING" and on_pending is not None:
-            on_pending(info)
+        for job_id in (j for j in job_ids if j not in ended):
             info = job_info(job_id)
-        if info["JobState"] == "PENDING" and info.get("Reason") == "BeginTime":
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
-        time.sleep(1)
-    raise AssertionError(f"job {job_id} still {job_info(job_id)['JobState']} after {timeout}s")
+            if info["JobState"] in ENDED:
+                ended[job_id] = info
+                continue
+            if info["JobState"] == "PENDING" and on_pending is not None:
+                on_pending(info)
+                info = job_info(job_id)
+            if info["JobState"] == "PENDING" and info.get("Reason") == "BeginTime":
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+        if len(ended) == len(job_ids):
+            return ended[job_ids[0]] if len(job_ids) == 1 else [ended[j] for j in job_ids]
+        time.sleep(0.25)
+    raise AssertionError(", ".join(f"job {j} still {job_info(j)['JobState']}" for j in job_ids if j not in ended)
+                         + f" after {timeout}s")
 
 
 def submitted(out: str) -> str:
@@ -108,8 +126,8 @@ def test_jobs_train_and_a_usr1_job_requeues_and_resumes_to_the_same_loss(slurm, 
     def readmit(info):                         # the one node excluded from the restart: let it back in
         if info.get("ExcNodeList") not in (None, "(null)"):
             excluded.append(info["ExcNodeList"])
-            subprocess.run(["scontrol", "update", f"JobId={usr1}", "ExcNodeList="], check=True)
-    info_plain, info_usr1 = wait_for(plain), wait_for(usr1, on_pending=readmit)
+            subprocess.run(["scontrol", "update", f"JobId={info['JobId']}", "ExcNodeList="], check=True)
+    info_plain, info_usr1 = wait_for(plain, usr1, on_pending=readmit)
     log_plain = (plain_dir / "logs" / f"slurm-{plain}.out").read_text()
     log_usr1 = (usr1_dir / "logs" / f"slurm-{usr1}.out").read_text()
     assert info_plain["JobState"] == "COMPLETED", log_plain[-3000:]
@@ -245,6 +263,8 @@ def test_ablate_on_slurm_runs_each_combination_as_a_submitit_job_with_its_own_di
         assert f"{name:<48} train {finals[name]:.4f}" in res.stdout                  # the closing table
     assert finals["optim.lr=0.001"] != finals["optim.lr=0.003"]
     assert list((sweep_dir / ".submitit").glob("*/*.out"))                          # submitit's SLURM jobs
+    script = next((sweep_dir / ".submitit").glob("*/*_submission.sh")).read_text()
+    assert "\nexport OMP_NUM_THREADS=1\n" in script                # cluster.cpus_per_task, before Python starts
 
 
 @pytest.mark.slow

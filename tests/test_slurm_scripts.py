@@ -183,4 +183,9 @@ def test_ablate_refuses_a_site_profile_its_launcher_cannot_carry(tmp_path):
     job = load_recipe("gpt-tiny", [*CLUSTER, "cluster.container_image=img", "cluster.srun_args=['--mpi=pmix']"])
     with pytest.raises(ConfigError, match="cluster.container_image, cluster.srun_args: make ablate on SLURM"):
         launcher_overrides(job, tmp_path)
-    assert "hydra/launcher=submitit_slurm" in launcher_overrides(load_recipe("gpt-tiny", CLUSTER), tmp_path)
+    plain = launcher_overrides(load_recipe("gpt-tiny", [*CLUSTER, "cluster.cpus_per_task=3", "+cluster.env.A=b"]),
+                               tmp_path)
+    # threads per rank set in the job script, before Python starts (torch sizes its pool when imported), after
+    # the site's env as in launch.sbatch
+    assert "hydra/launcher=submitit_slurm" in plain and \
+        "hydra.launcher.setup=['export A=b','export OMP_NUM_THREADS=3']" in plain

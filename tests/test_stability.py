@@ -158,17 +158,20 @@ def test_nan_weights_on_one_rank_refuse_the_save_on_every_rank_and_roll_back(spi
     assert json.loads((ckpts / "step_00000010" / "meta.json").read_text())["health"]["valid_loss"] > 0
 
 
-def workers_of(run_dir) -> list:
-    """Pids of the live workers of `run_dir` (their command line names it; torchrun's too, left out)."""
-    pids = []
+def workers_of(run_dir, forked=True) -> list:
+    """Pids of the live processes of `run_dir`'s ranks (their command line names it; torchrun's left out).
+    `forked=False`: the ranks alone, without what they forked (the checkpoint results-queue server, async
+    writers), which carry their rank's command line."""
+    found = {}
     for entry in os.scandir("/proc"):
         try:
             args = open(f"/proc/{entry.name}/cmdline", "rb").read().decode(errors="replace").split("\0")
-        except (OSError, ValueError):
+            parent = int(open(f"/proc/{entry.name}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         if "pretrain.train" in args and f"run_dir={run_dir}" in args and "torch.distributed.run" not in args:
-            pids.append(int(entry.name))
-    return pids
+            found[int(entry.name)] = parent
+    return sorted(pid for pid, parent in found.items() if forked or parent not in found)
 
 
 @pytest.mark.slow
@@ -189,7 +192,7 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp_
         if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
             break
         time.sleep(0.05)
-    workers, running = workers_of(run_dir), proc.poll() is None
+    workers, running = workers_of(run_dir, forked=False), proc.poll() is None
     os.killpg(proc.pid, signal.SIGKILL)                   # torchrun's group, mid-step or mid-save
     proc.wait()
     assert len(workers) == 2 and running, (workers, proc.returncode)

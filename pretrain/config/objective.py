@@ -97,9 +97,10 @@ def objective_problems(cfg, add) -> None:
                 "(megatron-core's local layer spec on one pipeline stage: dense, no q/k or embedding norm, no "
                 "sequence parallel or Transformer Engine/FP8; sentence-level data: docs/objectives.md). Fix: remove "
                 "it.")
-    if o.name == "denoising" and p.engine == "deepspeed":
-        add("parallel.engine=deepspeed with objective.name=denoising: the T5 encoder-decoder runs on the megatron "
-            "engine only (docs/objectives.md says why). Fix: parallel.engine=megatron.")
+    if o.name == "masked_lm" and p.engine == "deepspeed" and cfg.deepspeed.zero_stage == 3:
+        add("deepspeed.zero_stage=3 with objective.name=masked_lm: BERT's first loss under ZeRO-3 differs from "
+            "ZeRO-0..2's and megatron-core's (9.0737 vs 9.0643 on bert-tiny; docs/objectives.md), not yet "
+            "explained. Fix: deepspeed.zero_stage<=2, or parallel.engine=megatron.")
 
 
 def span_counts(raw_tokens: int, noise_density: float, mean_span_length: float) -> tuple[int, int]:

@@ -85,14 +85,17 @@ def results_queue_dies_with_rank() -> None:
     through one module-global queue of a multiprocessing Manager, whose server process (spawn context) it starts
     at the first save and never stops. A rank that exits normally stops it at exit; a rank killed with SIGKILL
     (a node failure, scancel, a drill) left it running, re-parented to init, ~390 MB each. This starts that
-    Manager the same way, its server armed to die with this rank (common/process.py), before the first save."""
+    Manager before the first save, its server armed to die with this rank (common/process.py), and forked: a
+    spawned server re-imports the training entry point (torch, megatron-core, Hydra) before it answers, and the
+    first save of every process waited for that (3-10 s against 0.2-1 s forked, on 2 CPU cores). The server
+    only relays pickled results; megatron-core forks the same rank for its async checkpoint writers."""
     import multiprocessing as mp
     from multiprocessing.managers import SyncManager
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
     if filesystem_async._results_queue is not None:
         return
-    manager = SyncManager(ctx=mp.get_context("spawn"))
+    manager = SyncManager(ctx=mp.get_context("fork"))
     manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
     _MANAGERS.append(manager)
     filesystem_async._results_queue = manager.Queue()
