@@ -38,6 +38,16 @@ class MoEConfig:
     score_function: str = doc("softmax", "Router scores: 'softmax' (Mixtral, OLMoE) or 'sigmoid' (DeepSeek-V3).")
     pre_softmax: bool = doc(False, "Softmax over all experts before top-k (OLMoE, Switch); false: over the "
                                    "chosen k (Mixtral).")
+    expert_bias: bool = doc(False, "Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias on the sigmoid "
+                                   "scores, used only to choose the top-k, moved toward an even load every step.")
+    expert_bias_update_rate: float = doc(1e-3, "Step of the expert bias per optimizer step: +rate for an underloaded "
+                                               "expert, -rate for an overloaded one (DeepSeek-V3: 1e-3; 0 freezes it).")
+    num_groups: Optional[int] = doc(None, "Group-limited routing: the experts in this many equal groups (DeepSeek-V3: "
+                                          "8, one per node); null: off.")
+    group_topk: Optional[int] = doc(None, "Groups each token may use, ranked by the sum of their top "
+                                          "router_topk/group_topk scores (DeepSeek-V3: 4).")
+    topk_scaling_factor: Optional[float] = doc(None, "Multiplies the chosen experts' weights (DeepSeek-V3: 2.5); "
+                                                     "null: 1.")
     dispatcher: str = doc("alltoall", "Token dispatcher: 'alltoall' (EP>1), 'allgather', or 'flex' (DeepEP; "
                                       "CUDA only).")
     grouped_gemm: bool = doc(False, "All local experts in one grouped GEMM (TE/cutlass; CUDA only).")
@@ -75,6 +85,7 @@ def moe_problems(cfg, world: int, add) -> None:
             and moe.load_balancing != "sinkhorn":
         add("moe.router_topk=1 with a softmax over the chosen expert gives every token weight 1 and the router no "
             "gradient. Fix: moe.pre_softmax=true (Switch Transformer).")
+    routing_problems(moe, add)
     if moe.layer_freq < 1 or not 0 <= moe.first_dense_layers < m.num_layers:
         add(f"moe.layer_freq={moe.layer_freq} must be >= 1 and moe.first_dense_layers={moe.first_dense_layers} "
             f"between 0 and model.num_layers-1={m.num_layers - 1}.")
@@ -116,3 +127,35 @@ def moe_problems(cfg, world: int, add) -> None:
             "one process), or a GPU cluster.")
     if moe.dispatcher == "flex" and on_cpu:
         add("moe.dispatcher=flex is DeepEP's CUDA kernels; cluster.gpu_type=cpu. Fix: alltoall or allgather.")
+
+
+def routing_problems(moe: MoEConfig, add) -> None:
+    """DeepSeek-V3's routing options: megatron-core 0.16.1's TransformerConfig asserts (expert bias, groups), and the
+    settings it accepts but silently ignores or routes wrongly with."""
+    n, k = moe.num_experts, moe.router_topk
+    if moe.expert_bias and moe.score_function != "sigmoid":
+        add(f"moe.expert_bias=true with moe.score_function={moe.score_function!r}: megatron-core adds the expert bias "
+            "to sigmoid scores only. Fix: moe.score_function=sigmoid (DeepSeek-V3).")
+    if moe.expert_bias_update_rate < 0:
+        add(f"moe.expert_bias_update_rate={moe.expert_bias_update_rate} must be >= 0 (0 freezes the bias).")
+    if moe.load_balancing == "sinkhorn" and (moe.expert_bias or moe.num_groups or moe.topk_scaling_factor):
+        add("moe.load_balancing=sinkhorn routes without top-k scores: moe.expert_bias, moe.num_groups/group_topk and "
+            "moe.topk_scaling_factor would be ignored. Fix: load_balancing=none or seq_aux_loss (DeepSeek-V3).")
+    if (moe.num_groups is None) != (moe.group_topk is None):
+        unset = "moe.group_topk" if moe.group_topk is None else "moe.num_groups"
+        add(f"{unset} is null but the other is set: group-limited routing needs moe.num_groups and moe.group_topk "
+            "(DeepSeek-V3: 8 and 4). Fix: set both, or both null.")
+    elif moe.num_groups is not None:
+        g, gk = moe.num_groups, moe.group_topk
+        if g < 1 or n % g:
+            add(f"moe.num_groups={g} does not divide moe.num_experts={n}: groups are equal slices of the experts. "
+                f"Fix: a divisor of {n}.")
+        elif not 1 <= gk <= min(g, k):
+            add(f"moe.group_topk={gk} must be between 1 and min(moe.num_groups={g}, moe.router_topk={k}): a group "
+                f"is ranked by its top router_topk // group_topk scores (0 ranks nothing). Fix: group_topk <= "
+                f"{min(g, k)}.")
+        elif k > gk * (n // g):
+            add(f"moe.router_topk={k} is more than the {gk} chosen groups hold ({gk} x {n // g} experts): top-k would "
+                "pick masked experts outside them. Fix: a larger moe.group_topk or a smaller moe.router_topk.")
+    if moe.topk_scaling_factor is not None and moe.topk_scaling_factor <= 0:
+        add(f"moe.topk_scaling_factor={moe.topk_scaling_factor} must be > 0 (null: 1).")

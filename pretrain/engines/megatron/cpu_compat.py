@@ -27,9 +27,9 @@ when an upgrade made the adaptation unnecessary and it should be deleted.
    LayerNorm" (apex/TE norms support it). Torch's norm is correct under SP as long as its
    params carry `sequence_parallel=True` so their grads are all-reduced over TP, which
    megatron-core's `finalize_model_grads` does; the adaptation builds it that way.
-8-10. MoE (`cpu_compat_moe.py`, listed and probed with these): the router's missing
-   `te_general_gemm` without Transformer Engine, the alltoall dispatcher's CUDA stream, and its
-   all-to-all split sizes left as tensors on CPU.
+8-11. MoE (`cpu_compat_moe.py`, listed and probed with these): the router's missing
+   `te_general_gemm` without Transformer Engine, the alltoall dispatcher's CUDA stream, its
+   all-to-all split sizes left as tensors on CPU, and the expert-bias token count's torch.compile.
 """
 from __future__ import annotations
 

@@ -18,6 +18,12 @@ it prevents and has a probe that reproduces that error on the unpatched library.
    so on CPU the all-to-all split sizes stay tensors and `all_to_all_single` raises
    "TypeError: all_to_all_single(): incompatible function arguments" (EP > 1 or TP > 1 with
    the alltoall dispatcher); CPU tensors are converted to numpy like the CUDA copies are.
+11. moe-expert-bias-compile: `TopKRouter._apply_expert_bias` (moe.expert_bias: it counts the tokens per
+   expert for the bias update) is decorated with megatron-core's `jit_fuser`, i.e. `torch.compile`: on
+   CPU Inductor writes C++ and builds it with the host compiler at the first training forward (16 s
+   measured on 2 cores with an empty Inductor cache, ~2 s per job with a warm one), and fails where no
+   C++ compiler is installed, for one in-place add of a column sum. On CPU the method is the
+   uncompiled original (integer counts in float32: the same sums).
 """
 from __future__ import annotations
 
@@ -77,10 +83,17 @@ def _patch_split_sizes() -> None:
     td.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
 
+def _patch_expert_bias_compile() -> None:
+    from megatron.core.transformer.moe.router import TopKRouter
+    compiled = TopKRouter._apply_expert_bias
+    TopKRouter._apply_expert_bias = getattr(compiled, "_torchdynamo_orig_callable", compiled)
+
+
 PATCHES = {
     "moe-te-general-gemm": _patch_te_names,
     "moe-cuda-stream": _patch_dispatcher_stream,
     "moe-split-sizes": _patch_split_sizes,
+    "moe-expert-bias-compile": _patch_expert_bias_compile,
 }
 
 
@@ -128,9 +141,16 @@ def _probe_split_sizes():
     dist.all_to_all_single(torch.empty_like(tokens), tokens, output_split_sizes=splits, input_split_sizes=splits)
 
 
+def _probe_expert_bias_compile():
+    from megatron.core.transformer.moe.router import TopKRouter
+    if hasattr(TopKRouter._apply_expert_bias, "_torchdynamo_orig_callable"):
+        raise RuntimeError("TopKRouter._apply_expert_bias is compiled by torch.compile (Inductor C++ on CPU)")
+
+
 # (name, what the unpatched library raises on CPU, probe): cpu_compat.ADAPTATIONS lists them with the others
 PROBES = [
     ("moe-te-general-gemm", "name 'te_general_gemm' is not defined", _probe_te_general_gemm),
     ("moe-cuda-stream", "torch.cuda.Stream requires CUDA support", _probe_cuda_stream),
     ("moe-split-sizes", "all_to_all_single(): incompatible function arguments", _probe_split_sizes),
+    ("moe-expert-bias-compile", "_apply_expert_bias is compiled by torch.compile", _probe_expert_bias_compile),
 ]

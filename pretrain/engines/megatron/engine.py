@@ -203,6 +203,7 @@ class MegatronEngine(Engine):
         self.set_lr(lr)
         for chunk in self.model:
             chunk.train()
+        bias = self.moe_stats.bias_snapshot() if self.moe_stats is not None else None
         outputs = self._forward_backward(micro_batches, forward_only=False)
         distilled = self.frozen.loss_keys()
         if self.objective is not None:
@@ -223,6 +224,8 @@ class MegatronEngine(Engine):
             moe = self.moe_stats.collect(len(micro_batches), "cpu" if self.on_cpu else torch.cuda.current_device())
         result = self._update(loss, z_loss, approve, moe)
         result.distill = distilled or None
+        if result.skipped and bias:          # a skipped step leaves the routing as it was, too
+            self.moe_stats.restore(bias)
         return result
 
     def _update(self, loss: float, z_loss, approve, moe) -> StepResult:

@@ -9,6 +9,8 @@
   that route distinct tokens. Per MoE layer: tokens per expert; over layers: the most and least
   loaded expert relative to an even share (`moe_load_max`, `moe_load_min`; 1.0 is perfect balance)
   and the fraction of routed slots dropped by capacity (`moe_dropped`).
+* expert bias (moe.expert_bias, DeepSeek-V3's auxiliary-loss-free balancing): the widest spread of one
+  layer's bias, max - min over its experts, after this step's update (`moe_bias_range`; 0 at the start).
 """
 from __future__ import annotations
 
@@ -28,12 +30,15 @@ class MoEStats:
         self.tokens = torch.zeros(layers, dtype=torch.float64)
         self.is_moe = torch.zeros(layers, dtype=torch.float64)
         self.layers_total = 0
+        self.biased = []                 # routers with an expert bias (updated in finalize_model_grads)
         self._register_aux_losses()
         for chunk in model_chunks:
             for module in chunk.modules():
                 if isinstance(module, TopKRouter):
                     module.register_forward_hook(self._count)
                     self.is_moe[module.layer_number - 1] = 1
+                    if getattr(module, "expert_bias", None) is not None:
+                        self.biased.append(module)
 
     def _register_aux_losses(self) -> None:
         """Every rank's tracker holds the same names from the start (as Megatron-LM's force_initialize):
@@ -83,6 +88,25 @@ class MoEStats:
         clear_aux_losses_tracker()
         return out
 
+    def bias_snapshot(self) -> list:
+        """The routers' expert biases before a step: megatron-core moves them in finalize_model_grads, before the
+        optimizer decides; a skipped step (fp16 overflow, the spike policy's veto) puts them back (`restore`)."""
+        return [router.expert_bias.detach().clone() for router in self.biased]
+
+    def restore(self, snapshot: list) -> None:
+        for router, bias in zip(self.biased, snapshot, strict=True):
+            router.expert_bias.copy_(bias)
+
+    def _bias_range(self, device) -> float:
+        """Equal on the ranks of a stage (every rank applies the same all-reduced update); the largest over stages."""
+        spread = torch.zeros(len(self.is_moe), dtype=torch.float64)
+        for router in self.biased:
+            bias = router.expert_bias.detach().double().cpu()
+            spread[router.layer_number - 1] = bias.max() - bias.min()
+        spread = spread.to(device)
+        dist.all_reduce(spread, op=dist.ReduceOp.MAX, group=self.ps.get_pipeline_model_parallel_group())
+        return float(spread.max())
+
     def forget(self) -> None:
         """Drop what evaluation forwards recorded (they are not training steps)."""
         from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
@@ -100,6 +124,8 @@ class MoEStats:
         self.tokens.zero_()
         self.layers_total = int(is_moe.sum())
         out = self._aux_losses(num_microbatches)
+        if self.cfg.moe.expert_bias:    # every stage joins the reduction, one without MoE layers too
+            out["moe_bias_range"] = self._bias_range(device)
         if not bool((tokens[is_moe] > 0).all()):
             return out or None
         share = tokens[is_moe] * self.topk / self.experts            # an even share of the routed slots
