@@ -161,7 +161,8 @@ class DeepSpeedConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = doc("adamw", "Optimizer: 'adamw', 'adafactor' or 'lion'.")
+    name: str = doc("adamw", "Optimizer: 'adamw', 'adafactor', 'lion' or 'muon' (Muon on hidden matrices, AdamW on "
+                             "the rest).")
     lr: float = doc(MISSING, "Peak learning rate.")
     min_lr: float = doc(0.0, "Learning rate at the end of decay (GPT-3: 10% of lr).")
     weight_decay: float = doc(0.1, "Decoupled weight decay.")
@@ -172,6 +173,12 @@ class OptimConfig:
     no_weight_decay_on: list[str] = doc(None, "Parameter kinds exempt from weight decay: any of 'bias', 'norm', "
                                               "'embedding'.",
                                         factory=lambda: ["bias", "norm"])
+    muon_momentum: float = doc(0.95, "Muon: momentum of its matrices' update (Moonlight, Kimi K2).")
+    muon_nesterov: bool = doc(True, "Muon: Nesterov momentum.")
+    muon_ns_steps: int = doc(5, "Muon: Newton-Schulz iterations that orthogonalise the update.")
+    muon_adjust_lr: str = doc("match_rms_adamw", "Muon: per-matrix LR scale, torch's adjust_lr_fn: 'match_rms_adamw' "
+                                                 "(Moonlight: 0.2*sqrt(max(fan_out, fan_in)), AdamW's lr carries over) "
+                                                 "or 'original' (Keller Jordan: sqrt(max(1, fan_out/fan_in))).")
 
 
 @dataclass

@@ -37,6 +37,7 @@ CHOICES = {
     "parallel.recompute_granularity": (None, "selective", "full"),
     "parallel.recompute_method": ("uniform", "block"),
     "optim.name": OPTIMIZERS.names,
+    "optim.muon_adjust_lr": ("match_rms_adamw", "original"),
     "schedule.lr_decay_style": LR_SCHEDULES.names,
     "schedule.unit": ("steps", "tokens"),
     "schedule.lr_wsd_decay_style": tuple(WSD_SHAPES),
@@ -206,7 +207,9 @@ def validate(cfg: JobConfig) -> None:
                 "parallel.use_distributed_optimizer=true is ZeRO-1.")
 
     # Optimizer and schedule
-    if (o.name in OPTIMIZERS and not OPTIMIZERS.get(o.name).distributed_optimizer and p.engine == "megatron"
+    if o.name == "muon":
+        _muon_problems(cfg, add)
+    elif (o.name in OPTIMIZERS and not OPTIMIZERS.get(o.name).distributed_optimizer and p.engine == "megatron"
             and p.use_distributed_optimizer):
         add(f"optim.name={o.name} with parallel.use_distributed_optimizer=true: megatron-core's distributed-optimizer "
             "checkpoints hold Adam's state only, so this run could not be resumed. Fix: optim=adamw, or a parallel "
@@ -226,6 +229,23 @@ def validate(cfg: JobConfig) -> None:
         add(f"logging.log_interval={cfg.logging.log_interval} must be >= 1.")
     if problems:
         raise ConfigError(problems)
+
+
+def _muon_problems(cfg: JobConfig, add) -> None:
+    """Muon orthogonalises whole matrices (docs/muon.md): no TP slices, no flat ZeRO-1 shards."""
+    p = cfg.parallel
+    if p.tensor_model_parallel_size > 1:
+        add(f"optim.name=muon with parallel.tensor_model_parallel_size={p.tensor_model_parallel_size}: each rank holds "
+            "a slice of every matrix and Muon's Newton-Schulz needs the whole one. Fix: "
+            "parallel.tensor_model_parallel_size=1, or optim=adamw.")
+    elif cfg.moe.num_experts and (p.expert_tensor_parallel_size or 1) > 1:
+        add(f"optim.name=muon with parallel.expert_tensor_parallel_size={p.expert_tensor_parallel_size}: each rank "
+            "holds a slice of every expert matrix and Muon's Newton-Schulz needs the whole one. Fix: "
+            "parallel.expert_tensor_parallel_size=1, or optim=adamw.")
+    if p.engine == "megatron" and p.use_distributed_optimizer:
+        add("optim.name=muon with parallel.use_distributed_optimizer=true: megatron-core's distributed optimizer "
+            "shards flat fp32 buffers across data-parallel ranks, so no rank holds a matrix to orthogonalise. "
+            "Fix: parallel.use_distributed_optimizer=false, or optim=adamw.")
 
 
 def _deepspeed_problems(cfg: JobConfig, add) -> None:

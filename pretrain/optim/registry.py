@@ -27,16 +27,20 @@ class OptimizerSpec:
     state_bytes: Callable[[tuple], float]     # fp32 optimizer state of one tensor of this shape, in bytes
     megatron_native: Optional[str] = None     # megatron-core builds it itself (fused kernels when present)
     distributed_optimizer: bool = False       # megatron-core's distributed optimizer can shard and save its state
+    # group_rules(cfg) -> [(label, predicate on the parameter name, extra param-group keys)]: rules that route
+    # parameters by name (Muon: hidden matrices vs the rest); the engine adds them as param-group overrides.
+    group_rules: Optional[Callable[[object], list]] = None
 
 
 OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer", "optim.name", discover=__package__)
 
 
 def register_optimizer(name: str, *, state_bytes: Callable[[tuple], float], megatron_native: Optional[str] = None,
-                       distributed_optimizer: bool = False):
+                       distributed_optimizer: bool = False, group_rules: Optional[Callable[[object], list]] = None):
     """Decorator on `build(param_groups, optim) -> torch.optim.Optimizer`; `optim.name=name` selects it."""
     def wrap(build: Builder) -> Builder:
-        OPTIMIZERS.register(name, OptimizerSpec(build, state_bytes, megatron_native, distributed_optimizer))
+        OPTIMIZERS.register(name, OptimizerSpec(build, state_bytes, megatron_native, distributed_optimizer,
+                                                group_rules))
         return build
     return wrap
 

@@ -28,6 +28,16 @@ def _no_decay_overrides(kinds: List[str]):
     return {key: ParamGroupOverride(wd_mult=0.0)}
 
 
+def _rule_overrides(cfg: JobConfig):
+    """The optimizer's own routing by parameter name (Muon: hidden matrices vs the rest) as extra group keys."""
+    rules = OPTIMIZERS.get(cfg.optim.name).group_rules
+    overrides = {}
+    for label, rule, keys in rules(cfg) if rules is not None else []:
+        pred = ParamWithNamePredicate(name=label, fn=lambda param, name, _rule=rule: _rule(name))
+        overrides[ParamKey(with_name_predicate=pred)] = ParamGroupOverride(**keys)
+    return overrides
+
+
 def _swap_update_rule(wrapper, cfg: JobConfig) -> None:
     build = OPTIMIZERS.get(cfg.optim.name).build
     for opt in getattr(wrapper, "chained_optimizers", [wrapper]):
@@ -53,7 +63,8 @@ def build_optimizer(cfg: JobConfig, model_chunks):
         initial_loss_scale=pr.initial_loss_scale, min_loss_scale=pr.min_loss_scale,
         loss_scale_window=pr.loss_scale_window, hysteresis=pr.hysteresis,
         use_distributed_optimizer=cfg.parallel.use_distributed_optimizer)
-    wrapper = get_megatron_optimizer(config, model_chunks, config_overrides=_no_decay_overrides(o.no_weight_decay_on))
+    overrides = {**_no_decay_overrides(o.no_weight_decay_on), **_rule_overrides(cfg)}
+    wrapper = get_megatron_optimizer(config, model_chunks, config_overrides=overrides)
     if OPTIMIZERS.get(o.name).megatron_native != "adam":
         _swap_update_rule(wrapper, cfg)
     return wrapper
