@@ -23,7 +23,7 @@ from megatron.core.transformer.enums import AttnBackend
 from common.config import ConfigError
 
 from ..config.schema import JobConfig
-from .gpt import transformer_config
+from .gpt import language_model_args, transformer_config
 
 
 def local_spec_problems(cfg: JobConfig) -> list[str]:
@@ -58,19 +58,7 @@ def local_spec_config(cfg: JobConfig, on_gpu: Optional[bool] = None) -> Transfor
 
 def build_bert_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: bool = True,
                      post_process: bool = True) -> BertModel:
-    m, d = cfg.model, cfg.derived
     binary = cfg.objective.masked_lm.binary_head is not None
-    return BertModel(
-        config=config,
-        num_tokentypes=2 if binary else 0,
-        transformer_layer_spec=bert_layer_local_spec,
-        vocab_size=d.padded_vocab_size,
-        max_sequence_length=d.max_position_embeddings,
-        pre_process=pre_process,
-        post_process=post_process,
-        share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
-        position_embedding_type=m.position_embedding_type,
-        rotary_percent=m.rotary_percent,
-        add_binary_head=binary,
-    )
+    return BertModel(config=config, num_tokentypes=2 if binary else 0, transformer_layer_spec=bert_layer_local_spec,
+                     add_binary_head=binary, **language_model_args(cfg, pre_process, post_process))
 

@@ -167,19 +167,17 @@ def build_gpt_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: b
     return model
 
 
+def language_model_args(cfg: JobConfig, pre_process: bool, post_process: bool) -> dict:
+    """What megatron-core's GPTModel, BertModel and T5Model take alike from the recipe."""
+    m, d = cfg.model, cfg.derived
+    return dict(vocab_size=d.padded_vocab_size, max_sequence_length=d.max_position_embeddings,
+                pre_process=pre_process, post_process=post_process,
+                share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
+                position_embedding_type=m.position_embedding_type, rotary_percent=m.rotary_percent)
+
+
 def _gpt_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: bool, post_process: bool,
                vp_stage: Optional[int]) -> GPTModel:
-    m, d = cfg.model, cfg.derived
-    return GPTModel(
-        config=config,
-        transformer_layer_spec=layer_spec(cfg, config, vp_stage),
-        vocab_size=d.padded_vocab_size,
-        max_sequence_length=d.max_position_embeddings,
-        pre_process=pre_process,
-        post_process=post_process,
-        share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
-        position_embedding_type=m.position_embedding_type,
-        rotary_percent=m.rotary_percent,
-        rotary_base=m.rotary_base,
-        vp_stage=vp_stage,
-    )
+    return GPTModel(config=config, transformer_layer_spec=layer_spec(cfg, config, vp_stage),
+                    rotary_base=cfg.model.rotary_base, vp_stage=vp_stage,
+                    **language_model_args(cfg, pre_process, post_process))

@@ -21,6 +21,7 @@ from megatron.core.models.T5.t5_spec import decoder_model_with_local_spec, encod
 from megatron.core.transformer import TransformerConfig
 
 from ..config.schema import JobConfig
+from .gpt import language_model_args
 
 
 def decoder_config(cfg: JobConfig, encoder_config: TransformerConfig) -> TransformerConfig:
@@ -30,19 +31,14 @@ def decoder_config(cfg: JobConfig, encoder_config: TransformerConfig) -> Transfo
 
 def build_t5_model(cfg: JobConfig, encoder_config: TransformerConfig, *, pre_process: bool = True,
                    post_process: bool = True) -> T5Model:
-    m, d = cfg.model, cfg.derived
+    d = cfg.derived
     return T5Model(
         config=decoder_config(cfg, encoder_config),
         encoder_config=encoder_config,
         transformer_encoder_layer_spec=encoder_model_with_local_spec(),
         transformer_decoder_layer_spec=decoder_model_with_local_spec(),
-        vocab_size=d.padded_vocab_size,
-        max_sequence_length=max(d.max_position_embeddings, d.decoder_seq_length),
-        pre_process=pre_process,
-        post_process=post_process,
-        share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
-        position_embedding_type=m.position_embedding_type,
-        rotary_percent=m.rotary_percent,
+        **{**language_model_args(cfg, pre_process, post_process),
+           "max_sequence_length": max(d.max_position_embeddings, d.decoder_seq_length)},
     )
 
 
