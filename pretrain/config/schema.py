@@ -18,6 +18,7 @@ from common.slurm_values import JobStepConfig
 from preprocessing.config import TokenizerConfig
 
 from .data import FimConfig
+from .mla import MLAConfig
 from .moe import MoEConfig
 from .objective import ObjectiveConfig
 from .observability import StragglerConfig
@@ -57,8 +58,14 @@ class ModelConfig:
     hidden_dropout: float = doc(0.0, "Dropout after attention/MLP outputs.")
     attention_dropout: float = doc(0.0, "Dropout on attention probabilities.")
     qk_layernorm: bool = doc(False, "Normalise queries and keys before the dot product (stability).")
+    mla: MLAConfig = doc(None, "Multi-head latent attention (DeepSeek-V2/V3; pretrain/config/mla.py).",
+                         factory=MLAConfig)
     embedding_layernorm: bool = doc(False, "Normalise the embedding output before the first layer (BLOOM; stability).")
     z_loss_coeff: float = doc(0.0, "PaLM z-loss: add coeff * logsumexp(logits)^2 per token (1e-4 in PaLM/OLMo); 0 off.")
+    mtp_num_layers: Optional[int] = doc(None, "Multi-token prediction depth D (DeepSeek-V3: 1; pretrain/model/mtp.py); "
+                                              "0/null off.")
+    mtp_loss_weight: float = doc(0.3, "MTP loss weight lambda: trained loss = main + lambda/D * sum of MTP losses "
+                                      "(DeepSeek-V3: 0.3, then 0.1).")
     attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best "
                                          "available.")
     layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every "
@@ -145,6 +152,8 @@ class ParallelConfig:
     recompute_method: str = doc("uniform", "For full recompute: 'uniform' (groups of layers) or 'block' (first N "
                                            "layers).")
     recompute_num_layers: int = doc(1, "For full recompute: layers per group (uniform) or layers recomputed (block).")
+    data_parallel_sharding: str = doc("ddp", "DP wrapper: 'ddp' (whole params and grads per rank) or 'fsdp2' (torch "
+                                             "fully_shard: params, grads, optimizer states over DP; docs/fsdp2.md).")
 
 
 @dataclass

@@ -15,7 +15,10 @@ from ..schedules import LR_SCHEDULES, WSD_SHAPES
 from .attention import attention_problems
 from .data import document_mask_problems, fim_problems
 from .derive import batch_ramp, pipeline_stage_layers
+from .fsdp2 import fsdp2_problems
+from .mla import mla_problems
 from .moe import moe_problems
+from .mtp import mtp_problems
 from .objective import ARCH_OBJECTIVE, OBJECTIVES, objective_problems
 from .observability import downstream_problems, straggler_problems, tracker_problems
 from .peft import peft_problems
@@ -191,8 +194,11 @@ def validate(cfg: JobConfig) -> None:
     fim_problems(cfg, add)
     document_mask_problems(cfg, add)
     attention_problems(cfg, add)
+    mla_problems(cfg, add)
     downstream_problems(cfg, add)
     peft_problems(cfg, add)
+    mtp_problems(cfg, add)          # model.mtp_* (multi-token prediction)
+    fsdp2_problems(cfg, add)        # parallel.data_parallel_sharding=fsdp2 (docs/fsdp2.md)
     objective_problems(cfg, add)
     sentence_data_problems(cfg, add)
 

@@ -36,6 +36,7 @@ from ..data.tokenizer import run_tokenizer
 from ..model import hf_mapping
 from ..model.hf_mapping import State, from_hf, window_mismatch
 from . import bert_export
+from .mtp_export import drop_mtp, note_text
 
 ENCODERS = ("bert", "t5")          # model.arch values whose export is bert_export's (T5: refused there)
 
@@ -134,7 +135,9 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
     tok = run_tokenizer(cfg, "an export")
     state, peft = megatron_state(ck, cfg) if ck.meta["engine_state"]["engine"] == "megatron" else (
         model_state(ck, cfg), None)
-    whole = state
+    whole, mtp_note = drop_mtp(state)          # the HF architectures have no MTP module: named, counted, dropped
+    if mtp_note:
+        print(note_text(mtp_note))
     state = mapping(cfg).to_hf(peft.merge(whole) if peft is not None else whole, cfg, tok.vocab_size)
     model = hf_model_class(cfg)(mapping(cfg).hf_config(cfg, tok.vocab_size, bos=tok.eod, eos=tok.eod))
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -152,7 +155,7 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
         "engine": ck.meta["engine_state"]["engine"], "layout": ck.meta["engine_state"]["layout"],
         "vocab_size": tok.vocab_size, "versions": ck.meta.get("versions", {}),
         "peft": {"method": cfg.peft.method, "base": ck.meta["engine_state"].get("peft_base"), "beside": beside}
-        if peft is not None else None}, indent=1))
+        if peft is not None else None, "mtp": mtp_note}, indent=1))
     replace_dir(tmp, output, ours="export.json")
     return output
 

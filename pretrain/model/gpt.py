@@ -12,12 +12,16 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
+from megatron.core.transformer.transformer_config import MLATransformerConfig
 from megatron.core.utils import init_method_normal
 
 from ..config.attention import window_pattern
+from ..config.mla import mla_config_kwargs
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from . import fusions
+from .mla_attention import use_latent_core_attention
+from .mtp import mtp_block_spec, mtp_config
 
 
 def has_transformer_engine() -> bool:
@@ -75,6 +79,7 @@ def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> Tran
         kwargs["output_layer_init_method"] = init_method_normal(m.init_method_std)
     if cfg.moe.enabled:
         kwargs.update(moe_config(cfg))
+    kwargs.update(mtp_config(cfg))          # model.mtp_num_layers (multi-token prediction, model/mtp.py)
     pattern = window_pattern(m)
     if pattern:
         # (w, 0): keys i-w..i. The list form (1 = windowed) is indexed by megatron-core's 1-based global layer
@@ -83,6 +88,10 @@ def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> Tran
         if not use_transformer_engine(cfg):
             # megatron-core's fused upper-triangular softmax kernel applies the causal mask only, not the window
             kwargs["masked_softmax_fusion"] = False
+    if m.mla.enabled:
+        # megatron-core fuses MLA's RoPE only for YaRN (it raises otherwise); MLA rotates with 'rope' here
+        kwargs.update(mla_config_kwargs(m), apply_rope_fusion=False)
+        return MLATransformerConfig(**kwargs)
     return TransformerConfig(**kwargs)
 
 
@@ -137,12 +146,18 @@ def use_transformer_engine(cfg: JobConfig) -> bool:
 def layer_spec(cfg: JobConfig, config: TransformerConfig, vp_stage: Optional[int] = None):
     """One layer spec (dense), or the block's per-layer specs (MoE layers where moe.layer_freq says)."""
     if cfg.moe.enabled:
-        return get_gpt_decoder_block_spec(config, use_transformer_engine=use_transformer_engine(cfg),
-                                          normalization=cfg.model.normalization, vp_stage=vp_stage)
+        block = get_gpt_decoder_block_spec(config, use_transformer_engine=use_transformer_engine(cfg),
+                                           normalization=cfg.model.normalization, vp_stage=vp_stage)
+        use_latent_core_attention(block.layer_specs)      # MLA layers of the local spec (model/mla_attention.py)
+        return block
     if use_transformer_engine(cfg):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=cfg.model.qk_layernorm)
-    return get_gpt_layer_local_spec(qk_layernorm=cfg.model.qk_layernorm, normalization=cfg.model.normalization)
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm,
+                                                          multi_latent_attention=config.multi_latent_attention)
+    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=cfg.model.normalization,
+                                    multi_latent_attention=config.multi_latent_attention)
+    use_latent_core_attention([spec])
+    return spec
 
 
 def add_embedding_norm(model: GPTModel, cfg: JobConfig, config: TransformerConfig) -> None:
@@ -178,6 +193,8 @@ def language_model_args(cfg: JobConfig, pre_process: bool, post_process: bool) -
 
 def _gpt_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: bool, post_process: bool,
                vp_stage: Optional[int]) -> GPTModel:
-    return GPTModel(config=config, transformer_layer_spec=layer_spec(cfg, config, vp_stage),
+    spec = layer_spec(cfg, config, vp_stage)
+    return GPTModel(config=config, transformer_layer_spec=spec,
+                    mtp_block_spec=mtp_block_spec(config, spec, use_transformer_engine(cfg), vp_stage),
                     rotary_base=cfg.model.rotary_base, vp_stage=vp_stage,
                     **language_model_args(cfg, pre_process, post_process))

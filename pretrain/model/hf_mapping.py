@@ -47,6 +47,9 @@ def unsupported(cfg: JobConfig) -> List[str]:
         problems.append("model.qk_layernorm=true (neither GPT-2 nor Llama normalises queries/keys)")
     if m.embedding_layernorm:
         problems.append("model.embedding_layernorm=true (no embedding norm in GPT-2 or Llama)")
+    if m.mla.enabled:
+        problems.append("model.mla.enabled (multi-head latent attention: GPT-2, Llama and Mixtral have none; "
+                        "transformers' DeepseekV3ForCausalLM has it, but this export does not map to it yet)")
     if m.window_size is not None and m.arch == "gpt":
         problems.append("model.window_size on the GPT layout (GPT-2 has no local layers; GPT-Neo, the GPT-2-like "
                         "architecture with them, has no q/k/v biases and does not scale scores by 1/sqrt(d))")

@@ -17,6 +17,8 @@ from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from .hf_mapping import TE_NAMES
 from .inventory_encdec import ENCDEC_ARCHS, encdec_count_params, encdec_flops_per_token, encdec_tensors
+from .inventory_mtp import mtp_depth, mtp_tensors
+from .mla import mla_attention_flops, mla_attention_tensors
 from .tensors import Tensor
 from .tensors import mlp_tensors as _mlp
 from .tensors import norm_tensors as _norm
@@ -42,6 +44,9 @@ def layer_tensors(cfg: JobConfig, moe: bool = False) -> list[Tensor]:
     qkv_out = q_out + 2 * d.num_query_groups * kv
     bias = m.add_bias_linear
     t = _norm("input_layernorm", h, cfg)
+    if m.mla.enabled:
+        t += mla_attention_tensors(cfg) + _norm("pre_mlp_layernorm", h, cfg)
+        return t + (moe_mlp_tensors(cfg) if moe else _mlp(cfg, "mlp", d.ffn_hidden_size))
     t.append(Tensor("self_attention.linear_qkv.weight", (qkv_out, h), "row", matmul=True))
     if bias:
         t.append(Tensor("self_attention.linear_qkv.bias", (qkv_out,), "row"))
@@ -103,6 +108,7 @@ def stage_tensors(cfg: JobConfig) -> list[list[Tensor]]:
         if i == pp - 1:
             tied_copy = pp > 1 and not cfg.model.untie_embeddings_and_output_weights
             tensors = tensors + head_tensors(cfg, tied_copy=tied_copy)
+            tensors += mtp_tensors(cfg, per_kind[kinds[-1]])      # model.mtp_num_layers: on the last stage
         stages.append(tensors)
     return stages
 
@@ -115,15 +121,17 @@ def count_params(cfg: JobConfig) -> dict:
         return encdec_count_params(cfg)
     embed = embedding_tensors(cfg)
     layers = [t for kind in layer_kinds(cfg) for t in layer_tensors(cfg, moe=kind)]
+    mtp = mtp_tensors(cfg, layer_tensors(cfg, moe=layer_kinds(cfg)[-1]))
+    layers += mtp          # MTP layers count as the model's: the built model holds them, tokens go through them
     total = sum(t.numel for t in embed + head_tensors(cfg, tied_copy=False) + layers)
     embedding = sum(t.numel for t in embed)
     chosen = cfg.moe.router_topk / cfg.moe.num_experts if cfg.moe.enabled else 1.0
     unused = round(sum(t.numel for t in layers if t.expert) * (1 - chosen))
     matmul = round(sum(t.numel * (chosen if t.expert else 1) for t in layers if t.matmul))
     # The output projection is a GEMM whether or not its weight is tied to the embedding.
-    matmul += cfg.derived.padded_vocab_size * cfg.model.hidden_size
+    matmul += cfg.derived.padded_vocab_size * cfg.model.hidden_size * (1 + mtp_depth(cfg))   # and each MTP depth's
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": total - unused,
-            "matmul": matmul}
+            "matmul": matmul, "mtp": sum(t.numel for t in mtp)}
 
 
 def tp_split_patterns(cfg: JobConfig) -> dict[str, list[str]]:
@@ -161,6 +169,8 @@ def flops_per_token(cfg: JobConfig, params: dict) -> dict:
     m, d = cfg.model, cfg.derived
     spans = [key_span(m, w) for w in window_pattern(m) or [False] * m.num_layers]
     attn = 12 * sum(spans) * m.num_attention_heads * d.kv_channels
+    if m.mla.enabled:
+        attn = mla_attention_flops(cfg)
     model = 6 * params["matmul"] + attn
     hardware = model
     if cfg.parallel.recompute_granularity == "full":

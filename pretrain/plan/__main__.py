@@ -59,6 +59,12 @@ def render(plan: dict) -> str:
                         f"({human(moe['params_active'])}); EP="
                         f"{moe['expert_parallel']} ({moe['dispatcher']}): "
                         f"{moe['token_exchange_bytes_per_rank_per_step'] / 2**30:.2f} GiB exchanged per rank per step")
+    if "mla" in plan:
+        ml = plan["mla"]
+        lines.insert(2, f"  MLA               q latent {ml['q_lora_rank']}, kv latent {ml['kv_lora_rank']}, head dims "
+                        f"{ml['qk_head_dim']}+{ml['qk_pos_emb_head_dim']} (qk) / {ml['v_head_dim']} (v); attention "
+                        f"{ml['attention_params']:,} params; KV cache {ml['kv_cache_bytes_per_token'] / 2**10:.1f} "
+                        f"KiB/token in bf16 (multi-head: {ml['mha_kv_cache_bytes_per_token'] / 2**10:.1f} KiB)")
     if "peft" in plan:
         pe = plan["peft"]
         lines.insert(2, f"  PEFT              {pe['method']} {pe['detail']}: {pe['trainable_params']:,} trained "

@@ -9,6 +9,7 @@ from ..config.derive import derive
 from ..config.schema import JobConfig
 from ..model.inventory import count_params
 from ..model.inventory_encdec import ENCDEC_ARCHS
+from ..model.mla import mla_plan
 from .encdec import encdec_plan
 from .hardware import DEVICES, peak_tflops
 from .memory import memory_per_gpu, stage_param_bytes
@@ -85,6 +86,8 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] =
     }
     if cfg.model.arch in ENCDEC_ARCHS:     # per-token FLOPs are a sample's / seq_length (inventory_encdec.py)
         plan["encdec"] = encdec_plan(cfg, flops)
+    if cfg.model.mla.enabled:
+        plan["mla"] = mla_plan(cfg)
     if cfg.moe.enabled:     # FLOPs above already count the active parameters only (inventory's `matmul`)
         plan["moe"] = moe_plan(cfg, params)
     if cfg.peft.enabled:

@@ -29,8 +29,10 @@ from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
 from ..model.inventory import embedding_tensors, head_tensors, layer_kinds, layer_tensors, stage_tensors
 from ..model.inventory_encdec import ENCDEC_ARCHS, encdec_tensors
+from ..model.mla import mla_activation_bytes
 from ..optim.registry import OPTIMIZERS
 from .encdec import encdec_activation_bytes
+from .fsdp2 import fsdp2, gathered_bytes
 from .peft import (
     added_activation_bytes_per_layer,
     layer_added_tensors,
@@ -92,6 +94,8 @@ def activation_bytes_per_layer(cfg: JobConfig, granularity: str | None = "recipe
     # Replicated over TP unless SP: 2 norm inputs, QKV and fc1 inputs, 2 dropout masks.
     replicated = s * b * h * (4 * e + 2 * mask) / sp
     attention = s * b * (q + 2 * kv) * e / t + s * b * q * e / t        # Q, K, V + proj input
+    if m.mla.enabled:
+        attention = mla_activation_bytes(cfg, s * b, e)
     mlp = s * b * f * gate * e / t + s * b * f * e / t                   # act input + fc2 input
     if moe:
         mlp = _moe_mlp_bytes(cfg, s * b / sp, e)
@@ -175,6 +179,8 @@ def memory_per_gpu(cfg: JobConfig, cache: dict | None = None) -> dict:
     e = _bytes_per_element(cfg)
     grad_bytes = 4 if (e == 4 or cfg.precision.grad_reduce_in_fp32) else e
     zero = cfg.deepspeed.zero_stage if p.engine == "deepspeed" else (1 if p.use_distributed_optimizer else 0)
+    if fsdp2(cfg):          # FSDP2 shards like ZeRO-3, plus its gathered layers (plan/fsdp2.py)
+        zero = 3
     layers = pipeline_stage_layers(cfg.model.num_layers, pp, p.num_layers_in_first_pipeline_stage,
                                    p.num_layers_in_last_pipeline_stage)
     kinds = layer_kinds(cfg)
@@ -219,6 +225,8 @@ def memory_per_gpu(cfg: JobConfig, cache: dict | None = None) -> dict:
         if cfg.model.arch in ENCDEC_ARCHS:     # BERT / T5: their stacks and heads (plan/encdec.py)
             activations = encdec_activation_bytes(cfg, activation_bytes_per_layer)
         stage = {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": activations}
+        if fsdp2(cfg):
+            stage["gathered"] = gathered_bytes(cfg, e, grad_bytes)
         if teacher is not None:
             stage.update(teacher_bytes(teacher))
         stage["total"] = sum(stage.values())

@@ -20,16 +20,17 @@ from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer.module import Float16Module
-from megatron.core.utils import get_batch_on_this_cp_rank
+from megatron.core.utils import get_batch_on_this_cp_rank, to_local_if_dtensor
 
 from ...config.schema import JobConfig
 from ...data.packing import model_inputs, scored_tokens, uses_thd
 from ...model.gpt import build_gpt_model, transformer_config
 from ...model.init import layout_invariant_init
+from ...model.mtp import mtp_step_loss
 from ...objectives.registry import objective_for
 from ..base import Engine, StepResult, label_logprobs
 from ..common import context_parallel_loss, init_distributed, token_mean_loss
-from . import checkpointing, cpu_compat, optimizer_state
+from . import checkpointing, cpu_compat, fsdp2, optimizer_state
 from .frozen_parts import FrozenParts
 from .moe_stats import MoEStats
 from .optimizers import build_optimizer
@@ -107,6 +108,9 @@ class MegatronEngine(Engine):
         if cfg.moe.enabled:
             for chunk in chunks:
                 keep_experts_apart(chunk)
+        if cfg.parallel.data_parallel_sharding == "fsdp2":     # torch fully_shard instead of DDP (docs/fsdp2.md)
+            return fsdp2.wrap_fsdp2(self.tconfig, chunks, cfg.precision.grad_reduce_in_fp32 or not cfg.precision.half,
+                                    self.on_cpu)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32 or not cfg.precision.half,
             overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
@@ -158,7 +162,8 @@ class MegatronEngine(Engine):
                 return output, partial(distiller.loss, batch["loss_mask"], batch["labels"])
             labels = None if z_coeff else batch["labels"]       # with z-loss the logits come back
             output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=labels,
-                           packed_seq_params=batch["packed_seq_params"])
+                           packed_seq_params=batch["packed_seq_params"],
+                           loss_mask=batch["loss_mask"])   # MTP's rolled loss masks (model/mtp.py); else unused
             return output, partial(loss_func, z_coeff, batch["loss_mask"], batch["labels"])
 
         vpp = self.cfg.parallel.virtual_pipeline_model_parallel_size
@@ -224,6 +229,10 @@ class MegatronEngine(Engine):
             moe = self.moe_stats.collect(len(micro_batches), "cpu" if self.on_cpu else torch.cuda.current_device())
         result = self._update(loss, z_loss, approve, moe)
         result.distill = distilled or None
+        if self.cfg.model.mtp_num_layers:   # model.mtp_num_layers: the MTP loss beside `loss` (not in it)
+            device = "cpu" if self.on_cpu else torch.cuda.current_device()
+            result.terms = {"mtp_loss": mtp_step_loss(len(micro_batches), self.ps.get_data_parallel_group(),
+                                                      self.dp_size, device)}
         if result.skipped and bias:          # a skipped step leaves the routing as it was, too
             self.moe_stats.restore(bias)
         return result
@@ -338,7 +347,8 @@ class MegatronEngine(Engine):
 
     def local_parameters(self) -> List[torch.Tensor]:
         # A tied output layer on the last PP stage is a second copy of the embedding: held, so counted.
-        return [param for chunk in self.model for param in chunk.parameters()]
+        # FSDP2 (docs/fsdp2.md): its parameters are DTensors; this rank holds their local shards.
+        return [to_local_if_dtensor(param) for chunk in self.model for param in chunk.parameters()]
 
     def checkpoint_writer(self, name: str) -> Optional[int]:
         # torch_dist (PyTorch DCP's file system writer): __<global rank>_<n>.distcp

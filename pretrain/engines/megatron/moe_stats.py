@@ -42,13 +42,16 @@ class MoEStats:
 
     def _register_aux_losses(self) -> None:
         """Every rank's tracker holds the same names from the start (as Megatron-LM's force_initialize):
-        a pipeline stage without MoE layers must take part in the same reductions as the others."""
+        a pipeline stage without MoE layers must take part in the same reductions as the others. It holds
+        only this run's names (tests/run_jobs.py trains several runs in one process)."""
         from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
         moe, tracker = self.cfg.moe, get_moe_layer_wise_logging_tracker()
         names = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_balancing_loss",
                  "global_aux_loss": "global_load_balancing_loss"}
         wanted = ([names[moe.load_balancing]] if moe.load_balancing in names and moe.aux_loss_coeff > 0 else []) \
             + (["z_loss"] if moe.z_loss_coeff else [])
+        for name in set(tracker) - set(wanted):     # a module global: an earlier run in this process left its own
+            del tracker[name]
         for name in wanted:
             device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
             tracker.setdefault(name, {"values": torch.zeros(self.cfg.model.num_layers, device=device),
