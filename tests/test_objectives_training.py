@@ -50,8 +50,12 @@ def test_each_recipe_learns_and_tp2_gives_the_one_process_losses(objective_refer
 @pytest.mark.parametrize("name", ["bert", "t5"])
 def test_deepspeed_equals_megatron(objective_reference, objective_layouts, name):
     ref, ds = losses(objective_reference[name]), losses(objective_layouts[f"{name}-ds"])
+    # ZeRO-1: 1e-5. ZeRO-3 (T5) partitions the parameters and reduce-scatters the gradients in its own bucket
+    # order: 1.2e-5 at step 6 was measured in CI, so 5e-5; a wrong model or sample is off by 1e-2 and more
+    # (BERT's unexplained ZeRO-3 start: 9.4e-3).
+    tolerance = 5e-5 if name == "t5" else 1e-5
     for step, (a, b) in enumerate(zip(ds, ref, strict=True)):
-        assert abs(a - b) < 1e-5, (name, step + 1, a, b)
+        assert abs(a - b) < tolerance, (name, step + 1, a, b)
 
 
 @pytest.mark.slow

@@ -128,8 +128,10 @@ def test_a_slow_rank_is_named_with_its_host_and_listed_as_a_bad_node(straggler_r
     # once in CI: rank 1 unflagged at step 4); from the second check on, rank 1 is flagged every time
     assert {(e["rank"], e["host"], e["part"]) for e in flags} == {(1, host, "compute")}, events
     assert len({e["step"] for e in flags} & {4, 8, 12}) >= 2, events
-    for e in flags:      # rank 1's extra SLOW_MS per step, less what rank 0's own work varies by
-        assert e["busy_s"] - e["median_s"] > SLOW_MS / 1000 * 0.5 and e["ratio"] > 1.1, e
+    for e in flags:      # rank 1's extra SLOW_MS per step, less what rank 0's own work varies by: with a
+        # 1-process launch beside this one (3 processes on 2 cores) rank 0's compute stretches too, and the
+        # excess was measured down to 94 ms of the 200 in CI
+        assert e["busy_s"] - e["median_s"] > SLOW_MS / 1000 * 0.25 and e["ratio"] > 1.1, e
     persistent = [e for e in events if e["kind"] == "straggler_persistent"]
     assert [(e["rank"], e["added"]) for e in persistent] == [(1, True)] and persistent[0]["step"] in (8, 12)
     assert bad_nodes(straggler_runs.root / "bad_nodes.txt") == [host]
