@@ -30,6 +30,8 @@ CASES = {
     "flex_on_cpu": (["moe.dispatcher=flex"], "moe.dispatcher=flex is DeepEP's CUDA kernels"),
     "dispatcher_name": (["moe.dispatcher=ring"], "moe.dispatcher='ring' is not one of"),
     "capacity_positive": (["moe.capacity_factor=0"], "moe.capacity_factor=0.0 must be > 0"),
+    "tp_needs_sequence_parallel": (["cluster.devices_per_node=2", "parallel=tp2", "moe.dispatcher=allgather"],
+                                   "MoELayer refuses to train under TP without it"),
     "expert_tp_alltoall_on_gloo": (["cluster.devices_per_node=4", "parallel.tensor_model_parallel_size=2",
                                     "parallel.sequence_parallel=true"], "Fix: parallel.expert_tensor_parallel_size=1"),
 }
@@ -173,23 +175,25 @@ def test_moe_resume_is_exact_and_an_ep2_checkpoint_continues_at_ep1(moe_runs, mo
 
 
 @pytest.mark.slow
-def test_make_pretrain_moe_tiny_trains_and_logs_the_router(demo_data, tmp_path):
-    """The user's command, shortened: 2 processes at EP=2 as the recipe says; the loss falls and every
-    logged step shows the router's losses and the experts' load."""
+def test_make_pretrain_deepseek_tiny_trains_and_logs_the_router_and_mtp(demo_data, tmp_path):
+    """The user's command for the MoE demo that holds every DeepSeek-V3 choice (MLA, MTP, aux-free routing; moe-tiny
+    trains in the shared runs), shortened: 2 processes at EP=2 as the recipe says; the loss falls and every logged
+    step shows the experts' load and the MTP loss, the expert bias moves."""
     import subprocess
 
     from tests.conftest import REPO
-    run_dir = tmp_path / "moe"
+    run_dir = tmp_path / "deepseek"
     overrides = (f"run_dir={run_dir} schedule.train_iters=12 schedule.lr_warmup=2 logging.log_interval=3 "
                  "batch.global_batch_size=16 eval.eval_interval=0 eval.eval_iters=2 checkpoint.save_interval=0")
-    res = subprocess.run(["make", "-s", "pretrain", "RECIPE=moe-tiny", f"OVERRIDES={overrides}"], cwd=REPO,
+    res = subprocess.run(["make", "-s", "pretrain", "RECIPE=deepseek-tiny", f"OVERRIDES={overrides}"], cwd=REPO,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "x DP 2 (experts: 4 per layer, EP 2 x expert TP 1 x expert DP 1)" in res.stdout
-    assert res.stdout.count("| moe aux ") == 4                                          # steps 3, 6, 9, 12
+    assert "x DP 2 (experts: 8 per layer, EP 2 x expert TP 1 x expert DP 1)" in res.stdout
+    assert res.stdout.count("| moe load ") == res.stdout.count("| mtp ") == 4                  # steps 3, 6, 9, 12
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     assert train[-1]["loss"] < train[0]["loss"] - 0.5 and all(r["moe_dropped"] == 0.0 for r in train)
+    assert train[-1]["mtp_loss"] < train[0]["mtp_loss"] and train[-1]["moe_bias_range"] > train[0]["moe_bias_range"]
 
 
 def test_plan_counts_active_parameters_shards_experts_and_the_token_exchange():

@@ -86,11 +86,6 @@ def mla_problems(cfg, add) -> None:
     if mla.q_lora_rank is not None and mla.q_lora_rank < 1:
         add(f"model.mla.q_lora_rank={mla.q_lora_rank} must be >= 1. Fix: a positive rank, or null for no query "
             "latent.")
-    if p.tensor_model_parallel_size > 1 and m.transformer_impl != "transformer_engine":
-        add(f"parallel.tensor_model_parallel_size={p.tensor_model_parallel_size} with model.mla.enabled and "
-            f"model.transformer_impl={m.transformer_impl}: megatron-core 0.16.1's local MLA does not sum the shared "
-            "rotary key's gradient over TP ranks (TP=2 leaves TP=1 after one step: tests/test_mla.py). Fix: TP=1, "
-            "or model.transformer_impl=transformer_engine on GPUs.")
     if m.num_attention_heads % p.tensor_model_parallel_size:
         add(f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
             f"parallel.tensor_model_parallel_size={p.tensor_model_parallel_size}. Fix: a TP size dividing it.")

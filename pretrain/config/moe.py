@@ -96,9 +96,10 @@ def moe_problems(cfg, world: int, add) -> None:
     if ep >= 1 and etp >= 1 and world % (etp * ep * pp):
         add(f"world size {world} is not divisible by expert TP x EP x PP = {etp}*{ep}*{pp}: the experts' layout must "
             "tile the ranks of every pipeline stage. Fix: change EP, expert_tensor_parallel_size or the world.")
-    if ep > 1 and p.tensor_model_parallel_size > 1 and not p.sequence_parallel:
-        add("parallel.expert_model_parallel_size>1 with tensor_model_parallel_size>1 needs "
-            "parallel.sequence_parallel=true (megatron-core's MoE dispatch works on sequence-parallel tokens).")
+    if p.tensor_model_parallel_size > 1 and not p.sequence_parallel:
+        add(f"moe.num_experts with parallel.tensor_model_parallel_size={p.tensor_model_parallel_size} needs "
+            "parallel.sequence_parallel=true: megatron-core 0.16.1's MoELayer refuses to train under TP without it "
+            "(its dispatch works on sequence-parallel tokens). Fix: parallel.sequence_parallel=true.")
     if moe.capacity_factor is not None and moe.load_balancing == "sinkhorn":
         add("moe.capacity_factor with moe.load_balancing=sinkhorn: token dropping works with the aux-loss kinds "
             "or none. Fix: load_balancing=aux_loss, or capacity_factor=null.")

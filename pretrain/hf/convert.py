@@ -35,14 +35,17 @@ from ..config.schema import JobConfig
 from ..data.tokenizer import run_tokenizer
 from ..model import hf_mapping
 from ..model.hf_mapping import State, from_hf, window_mismatch
-from . import bert_export
+from . import bert_export, deepseek_export
 from .mtp_export import drop_mtp, note_text
 
 ENCODERS = ("bert", "t5")          # model.arch values whose export is bert_export's (T5: refused there)
 
 
 def mapping(cfg: JobConfig):
-    """The module that maps a recipe's state to transformers: hf_mapping (GPT-2, Llama, Mixtral) or bert_export."""
+    """The module that maps a recipe's state to transformers: hf_mapping (GPT-2, Llama, Mixtral), deepseek_export
+    (multi-head latent attention) or bert_export."""
+    if cfg.model.mla.enabled:
+        return deepseek_export
     return bert_export if cfg.model.arch in ENCODERS else hf_mapping
 
 
@@ -117,6 +120,8 @@ def architecture(cfg: JobConfig) -> str:
     """The transformers class a recipe exports to."""
     if cfg.model.arch in ENCODERS:
         return bert_export.architecture(cfg)
+    if cfg.model.mla.enabled:
+        return deepseek_export.architecture(cfg)
     if cfg.model.arch == "gpt":
         return "GPT2LMHeadModel"
     if cfg.moe.enabled:

@@ -20,7 +20,7 @@ from ..config.mla import mla_config_kwargs
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from . import fusions
-from .mla_attention import use_latent_core_attention
+from .mla_attention import use_latent_attention
 from .mtp import mtp_block_spec, mtp_config
 
 
@@ -148,15 +148,16 @@ def layer_spec(cfg: JobConfig, config: TransformerConfig, vp_stage: Optional[int
     if cfg.moe.enabled:
         block = get_gpt_decoder_block_spec(config, use_transformer_engine=use_transformer_engine(cfg),
                                            normalization=cfg.model.normalization, vp_stage=vp_stage)
-        use_latent_core_attention(block.layer_specs)      # MLA layers of the local spec (model/mla_attention.py)
+        use_latent_attention(block.layer_specs)      # MLA layers (model/mla_attention.py)
         return block
     if use_transformer_engine(cfg):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm,
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm,
                                                           multi_latent_attention=config.multi_latent_attention)
-    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=cfg.model.normalization,
-                                    multi_latent_attention=config.multi_latent_attention)
-    use_latent_core_attention([spec])
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=cfg.model.normalization,
+                                        multi_latent_attention=config.multi_latent_attention)
+    use_latent_attention([spec])
     return spec
 
 

@@ -49,7 +49,7 @@ def unsupported(cfg: JobConfig) -> List[str]:
         problems.append("model.embedding_layernorm=true (no embedding norm in GPT-2 or Llama)")
     if m.mla.enabled:
         problems.append("model.mla.enabled (multi-head latent attention: GPT-2, Llama and Mixtral have none; "
-                        "transformers' DeepseekV3ForCausalLM has it, but this export does not map to it yet)")
+                        "MLA recipes export to DeepseekV3ForCausalLM through pretrain/hf/deepseek_export.py)")
     if m.window_size is not None and m.arch == "gpt":
         problems.append("model.window_size on the GPT layout (GPT-2 has no local layers; GPT-Neo, the GPT-2-like "
                         "architecture with them, has no q/k/v biases and does not scale scores by 1/sqrt(d))")

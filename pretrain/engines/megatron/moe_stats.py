@@ -24,7 +24,8 @@ class MoEStats:
     def __init__(self, cfg, model_chunks: List[torch.nn.Module], ps):
         from megatron.core.transformer.moe.router import TopKRouter
         self.cfg, self.ps = cfg, ps
-        moe, layers = cfg.moe, cfg.model.num_layers
+        # megatron-core numbers the MTP layers after the main ones (its aux-loss tracker is as long)
+        moe, layers = cfg.moe, cfg.model.num_layers + (cfg.model.mtp_num_layers or 0)
         self.topk, self.experts = moe.router_topk, moe.num_experts
         self.counts = torch.zeros(layers, moe.num_experts, dtype=torch.float64)
         self.tokens = torch.zeros(layers, dtype=torch.float64)
@@ -54,7 +55,8 @@ class MoEStats:
             del tracker[name]
         for name in wanted:
             device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-            tracker.setdefault(name, {"values": torch.zeros(self.cfg.model.num_layers, device=device),
+            layers = self.cfg.model.num_layers + (self.cfg.model.mtp_num_layers or 0)
+            tracker.setdefault(name, {"values": torch.zeros(layers, device=device),
                                       "reduce_group": None,
                                       "avg_group": None, "reduce_group_has_dp": False})
 
