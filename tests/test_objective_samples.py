@@ -4,6 +4,7 @@ denoising samples' layout and their document noises undone exactly, the same sam
 the epochs counted; bad input refused naming the file and the fix."""
 import json
 import math
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,12 +34,12 @@ def sentence_data(demo_data):
     return DATA
 
 
-def config(data, name: str, blend=None, tokenizer=None, **fields):
+def config(data, name: str, blend=None, tokenizer=None, cache_dir=None, **fields):
     o = ObjectiveConfig(name=name)
     for k, v in fields.items():
         setattr(o.masked_lm if name == "masked_lm" else o.denoising, k, v)
     return SimpleNamespace(objective=o, seed=1234, model=SimpleNamespace(seq_length=SEQ, vocab_size=4096),
-                           data=SimpleNamespace(blend=str(blend or data / "blend.json"),
+                           data=SimpleNamespace(blend=str(blend or data / "blend.json"), cache_dir=cache_dir,
                                                 tokenizer=SimpleNamespace(type="hf", path=str(tokenizer or
                                                                                               data / "tokenizer"))))
 
@@ -205,3 +206,56 @@ def test_blend_of_two_prefixes(sentence_data, tmp_path):
     assert [len(d) for d in train.datasets] == [300, 100]
     i = int(np.flatnonzero(train.which == 1)[5])
     assert torch.equal(train[i]["tokens"], train.datasets[1][int(train.at[i])]["tokens"])
+
+
+def test_sample_indexes_are_cached(sentence_data, tmp_path):
+    """The BERT sample index and the denoising pieces are built once into data.cache_dir and loaded byte-equal from
+    there by the next build; another key (short_seq_prob, seed, split, data) builds anew."""
+    cache = tmp_path / "cache"
+    first = build_samples(config(sentence_data, "masked_lm", cache_dir=cache, binary_head="sop"), [50, 50, 0])
+    assert [d.summary["index_cache"] for d in first] == ["built"] * 3       # train, valid, test: one key each
+    assert len(list(cache.glob("bert_sample_index-*.npy"))) == 3
+    again = build_samples(config(sentence_data, "masked_lm", cache_dir=cache, binary_head="sop"), [7, 9, 3])
+    assert [d.summary["index_cache"] for d in again] == ["loaded"] * 3          # the sample count is no key
+    for a, b in zip(first, again, strict=True):
+        assert a.index.dtype == b.index.dtype and a.index.tobytes() == b.index.tobytes() and len(a.index) > 100
+    other = build_samples(config(sentence_data, "masked_lm", cache_dir=cache, binary_head="sop", short_seq_prob=0.5),
+                          [50, 0, 0])[0]
+    assert other.summary["index_cache"] == "built" and other.index.tobytes() != first[0].index.tobytes()
+    cfg = config(sentence_data, "masked_lm", cache_dir=cache, binary_head="sop")
+    cfg.seed = 99
+    assert build_samples(cfg, [50, 0, 0])[0].summary["index_cache"] == "built"
+    # the same prefix preprocessed again (new .idx mtime): a new data_version, so a new index
+    (tmp_path / "blend.json").write_text(json.dumps({"format": "pretrain-blend/1", "splits": {
+        "train": [{"weight": 1.0, "prefix": str(tmp_path / "s")}]}}))
+    for ext in ("bin", "idx", "json"):
+        (tmp_path / f"s.{ext}").write_bytes((sentence_data / f"valid_text_sentence.{ext}").read_bytes())
+    moved = config(sentence_data, "masked_lm", blend=tmp_path / "blend.json", cache_dir=cache, binary_head="sop")
+    assert build_samples(moved, [50, 0, 0])[0].summary["index_cache"] == "built"
+    assert build_samples(moved, [50, 0, 0])[0].summary["index_cache"] == "loaded"
+    os.utime(tmp_path / "s.idx", ns=(1, 1))
+    assert build_samples(moved, [50, 0, 0])[0].summary["index_cache"] == "built"
+    for style in ("t5", "bart"):
+        dn = config(sentence_data, "denoising", cache_dir=cache, style=style)
+        built, loaded = build_samples(dn, [10, 0, 0])[0], build_samples(dn, [10, 0, 0])[0]
+        assert (built.summary["index_cache"], loaded.summary["index_cache"]) == ("built", "loaded")
+        assert all(np.array_equal(getattr(built, k), getattr(loaded, k)) for k in ("first", "stop", "offset"))
+    assert not list(cache.glob("*.tmp")) and all(np.load(p, allow_pickle=False).size for p in cache.glob("*.npy"))
+
+
+@pytest.mark.parametrize("recipe", ["bert-tiny", "t5-tiny"])
+def test_micro_batches_stack_the_objectives_keys(sentence_data, recipe, tmp_path):
+    """build_datasets marks an objective's datasets with its batch_keys and StepBatches stacks exactly those (no
+    guess from what a sample holds); a sample that lacks a declared key is refused naming it."""
+    from pretrain.config.compose import load_recipe
+    from pretrain.data.datasets import StepBatches, build_datasets, collate
+    from pretrain.objectives.registry import objective_for
+    cfg = load_recipe(recipe, [f"data.cache_dir={tmp_path}"])
+    keys = objective_for(cfg).batch_keys
+    train = build_datasets(cfg, 8, 0, 0)[0]
+    (batch,) = StepBatches(train, 4, 0, 2).micro_batches(0, 8)
+    assert tuple(batch) == keys and all(v.shape[0] == 4 for v in batch.values())
+    assert torch.equal(batch[keys[0]][1], train[1][keys[0]])
+    samples = [{k: v for k, v in train[i].items() if k != keys[-1]} for i in range(2)]
+    with pytest.raises(KeyError, match=rf"lacks the batch key\(s\) \['{keys[-1]}'\]"):
+        collate(samples, keys)

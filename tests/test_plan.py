@@ -49,6 +49,17 @@ def test_memory_matches_a_hand_computation():
         assert mem[key] == pytest.approx(value / GIB, rel=1e-9), key
 
 
+def test_muon_state_is_momentum_on_the_hidden_matrices_and_adamw_on_the_rest():
+    # gpt-tiny, fp32, 1 rank: Muon's momentum (4 bytes) on linear_qkv / linear_proj / fc1 / fc2, AdamW's two
+    # moments (8 bytes) on the rest, the 2-D word and position embeddings included.
+    cfg = load_recipe("gpt-tiny", ["cluster.devices_per_node=1", "batch.global_batch_size=8", "optim=muon",
+                                   "data=mock"])
+    n = 4096 * 192 + 128 * 192 + 4 * (12 * 192**2 + 13 * 192) + 2 * 192
+    matrices = 4 * 12 * 192**2
+    assert memory_per_gpu(cfg)["optimizer"] == pytest.approx((4 * matrices + 8 * (n - matrices)) / GIB, rel=1e-9)
+    assert 4 * matrices + 8 * (n - matrices) == 8 * n - 4 * matrices == 13_648_896
+
+
 def test_memory_scales_with_zero_and_tp():
     base = memory_per_gpu(load_recipe("gpt-7b"))
     more_dp = memory_per_gpu(load_recipe("gpt-7b", ["cluster.nodes=4"]))
@@ -117,3 +128,16 @@ def test_frozen_predictions_are_a_record_that_is_never_overwritten():
     assert all(p["tokens_per_s_per_gpu"] > 0 and "TP=" in p["layout"] for p in record["predictions"])
     before = frozen.FROZEN.read_bytes()
     assert frozen.main(["--write"]) == 2 and frozen.FROZEN.read_bytes() == before
+
+
+def test_the_flops_label_names_the_attention_term_it_counts():
+    """MLA's attention term is 6*L*s*a*(d_qk + d_rope + d_v) (model/mla.py), not GPT's 12*L*s*H*Q: the label says
+    which, and the number is 6N plus that term at llama-tiny's MLA dims."""
+    from pretrain.plan.__main__ import render
+    cfg = load_recipe("llama-tiny", ["model.mla.enabled=true", "model.num_query_groups=null"])
+    plan, m = make_plan(cfg), cfg.model
+    attention = 6 * m.num_layers * m.seq_length * m.num_attention_heads * (
+        m.mla.qk_head_dim + m.mla.qk_pos_emb_head_dim + m.mla.v_head_dim)
+    assert plan["flops_per_token"] == 6 * count_params(cfg)["matmul"] + attention
+    assert "(6N + 6*L*s*a*(d_qk + d_rope + d_v); with recompute" in render(plan)
+    assert "(6N + 12*L*s*H*Q; with recompute" in render(make_plan(load_recipe("llama-tiny")))

@@ -26,6 +26,8 @@ def describe(ckpt_path: str, recipe: str | None, overrides: list[str]) -> str:
     problem = damage(ck.path, m)      # sizes only: a login node must not read TBs
     if "zero_stage" in e:
         sharding = f"ZeRO-{e['zero_stage']}"
+    elif lay.get("sharding") == "fsdp2":          # written in the DDP layout's tensors (docs/fsdp2.md)
+        sharding = "FSDP2 (saved as DDP's tensors: resumes at another layout, docs/fsdp2.md)"
     elif lay["distributed_optimizer"]:
         sharding = f"distributed optimizer: yes ({e['distrib_optim_sharding_type']})"
     else:

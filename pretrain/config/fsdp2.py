@@ -1,6 +1,7 @@
 """Compose-time rules of parallel.data_parallel_sharding=fsdp2 (megatron-core's TorchFullyShardedDataParallel;
 docs/fsdp2.md). FSDP2 is tested here on 2 gloo processes at fp32, TP=PP=CP=EP=1, against DDP; every other
-combination is refused by name with its reason rather than run untested."""
+combination is refused by name with its reason rather than run untested. Checkpoints are the DDP layout's
+(pretrain/engines/megatron/fsdp2.py), so they save, resume and reshard to and from DDP."""
 from __future__ import annotations
 
 SHARDINGS = ("ddp", "fsdp2")
@@ -37,10 +38,3 @@ def fsdp2_problems(cfg, add) -> None:
         add(f"parallel.data_parallel_sharding=fsdp2 with precision.dtype={cfg.precision.dtype}: only fp32 is tested "
             "against DDP here (Float16Module's casts and the fp32 main copies of DTensor shards are not). "
             "Fix: precision=fp32, or parallel.data_parallel_sharding=ddp.")
-    c = cfg.checkpoint
-    if c.save_interval or c.save_final or c.load:
-        add("parallel.data_parallel_sharding=fsdp2 with checkpoint.save_interval/save_final/load: megatron-core "
-            "0.16.1's optimizer sharded_state_dict cannot match FSDP2's DTensor parameters to the model's sharded "
-            "tensors (dist_checkpointing/optimizer.py: 'Param id 0 does not match any model sharded param'), so "
-            "neither save nor resume works. Fix: checkpoint.save_interval=0 checkpoint.save_final=false, no "
-            "checkpoint.load, or parallel.data_parallel_sharding=ddp.")

@@ -227,8 +227,8 @@ class DataConfig:
     mock: bool = doc(False, "Train on megatron-core's synthetic tokens (throughput tests only).")
     tokenizer: TokenizerConfig = doc(None, "Tokenizer used for the data (and saved with exports).",
                                      factory=TokenizerConfig)
-    cache_dir: Optional[str] = doc(None, "Where GPTDataset index caches live (keyed also by the size and mtime "
-                                         "of the .bin/.idx files); null means <blend dir>/cache.")
+    cache_dir: Optional[str] = doc(None, "Where the GPT and BERT/T5 sample index caches live (keyed also by the "
+                                         "size and mtime of the .bin/.idx files); null means <blend dir>/cache.")
     preprocess: str = doc("demo", "Preprocessing pipeline config that produces the blend "
                                   "(preprocessing/conf/<name>.yaml, or a YAML file).")
     mix_phases: list[MixPhase] = doc(None, "Data-mix schedule: train-source weights per phase, replacing the blend's "

@@ -18,7 +18,8 @@ def sentence_data_problems(cfg: JobConfig, add) -> None:
     if cfg.objective.causal or not cfg.data.blend or not Path(cfg.data.blend).is_file():
         return
     blend = Path(cfg.data.blend)
-    counts = json.loads(blend.read_text()).get("sentences")
+    spec = json.loads(blend.read_text())
+    counts = spec.get("sentences")
     fix = ("Fix: preprocess with tokenize.split_sentences=true (preprocessing/conf/demo-sentences.yaml; "
            "docs/objectives.md), or data=demo-sentences.")
     if not counts:
@@ -29,7 +30,7 @@ def sentence_data_problems(cfg: JobConfig, add) -> None:
     if cfg.objective.name != "masked_lm" or not head:
         return
     train = counts.get("train", {})
-    prefixes = [Path(item["prefix"]) for item in json.loads(blend.read_text())["splits"].get("train", [])]
+    prefixes = [Path(item["prefix"]) for item in spec["splits"].get("train", [])]
     documents = sum(index_documents(p if p.is_absolute() else blend.parent / p) for p in prefixes)
     unusable = sum(train.get(k, 0) for k in ("single_sentence_documents", "empty_documents",
                                                "long_sentence_documents"))

@@ -16,7 +16,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Protocol
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
@@ -66,7 +66,11 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
     An objective other than next-token prediction builds its own samples (pretrain/objectives/)."""
     objective = objective_for(cfg)
     if objective is not None:
-        return objective.build_datasets([train_samples, eval_samples, test_samples], is_built_on_rank)
+        splits = objective.build_datasets([train_samples, eval_samples, test_samples], is_built_on_rank)
+        for dataset in splits:
+            if dataset is not None:
+                dataset.batch_keys = objective.batch_keys       # what StepBatches stacks (collate)
+        return splits
     if cfg.data.mock:
         blend_per_split, cache, tok = None, cfg.data.cache_dir, DatasetTokenizer(cfg.model.vocab_size, 0)
     else:
@@ -114,13 +118,26 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
     return sources, valid, test
 
 
-CAUSAL_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
+GPT_KEYS = ("tokens", "labels", "loss_mask", "position_ids")     # what the causal path reads of a GPTDataset sample
+MADE_MASK = "attention_mask"    # a GPTDataset sample holds it where create_attention_mask (packing.uses_mask) only
 
 
-def collate(samples: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
-    """Stack samples into a micro-batch: GPTDataset's keys (it returns more), or every key of an objective's."""
+def batch_keys(dataset) -> Tuple[str, ...]:
+    """The keys a micro-batch of `dataset` holds: the objective's `batch_keys` (build_datasets marks its datasets
+    with them), else GPTDataset's."""
+    return tuple(getattr(dataset, "batch_keys", GPT_KEYS))
+
+
+def collate(samples: List[Dict[str, torch.Tensor]], keys: Sequence[str] = GPT_KEYS) -> Dict[str, torch.Tensor]:
+    """Stack samples into a micro-batch of the declared `keys` (batch_keys), and the attention mask where the
+    dataset made one; any other key a sample holds (GPTDataset returns more) is not stacked."""
     first = samples[0]
-    keys = [k for k in CAUSAL_KEYS if k in first] if "position_ids" in first else list(first)
+    missing = [k for k in keys if k not in first]
+    if missing:
+        raise KeyError(f"a sample lacks the batch key(s) {missing} its dataset declares ({list(keys)}); it holds "
+                       f"{sorted(first)}. Fix: the dataset's __getitem__ returns every key of the objective's "
+                       "batch_keys (pretrain/objectives/base.py).")
+    keys = list(keys) + ([MADE_MASK] if MADE_MASK in first and MADE_MASK not in keys else [])
     return {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in keys}
 
 
@@ -164,6 +181,7 @@ class StepBatches(BatchSource):
 
     def __init__(self, dataset, micro_batch_size: int, dp_rank: int, dp_size: int):
         self.dataset, self.mbs, self.dp_rank, self.dp_size = dataset, micro_batch_size, dp_rank, dp_size
+        self.keys = batch_keys(dataset)
         self.reshuffled: List[list] = []
         self._perms: Dict[tuple, torch.Tensor] = {}
 
@@ -194,7 +212,7 @@ class StepBatches(BatchSource):
         out = []
         for j in range(global_batch // per_micro):
             start = consumed + j * per_micro + self.dp_rank * self.mbs
-            out.append(collate([self.dataset[self.index(start + i)] for i in range(self.mbs)]))
+            out.append(collate([self.dataset[self.index(start + i)] for i in range(self.mbs)], self.keys))
         return out
 
 

@@ -20,6 +20,10 @@ wraps; `summary` counts the epochs and what a sample index leaves out.
 * denoising (`DenoisingSamples`): whole consecutive sentences of one document packed up to the raw length of
   `denoising_lengths` (a sentence longer than that is cut into pieces of it; a piece shorter than 2 tokens is
   left out and counted), then the document noises and T5's span corruption or BART's text infilling.
+
+Both sample indexes (the BERT sentence groups, the denoising pieces) are built once into `data.cache_dir` (null:
+<blend dir>/cache, where GPTDataset keeps its own) and loaded from there by the other ranks and later starts
+(index_cache.py); `summary["index_cache"]` says which it was.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from ..model import third_party_warnings  # noqa: F401  # isort: skip  (before a
 
 import json
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +42,7 @@ from preprocessing.blend import read_blend
 from ..config.objective import denoising_lengths, span_counts
 from ..data.tokenizer import run_tokenizer
 from .corpus import SPLITS, Blend, EpochOrder, SentenceCorpus, Specials, sample_rng
+from .index_cache import cached_index, index_key
 from .noise import BertMasking, bart_infilling, below, document_noise, random_spans_noise_mask, t5_span_corruption
 
 LONG_SENTENCE = 512             # megatron-core's helpers.cpp LONG_SENTENCE_LEN: such documents are skipped
@@ -59,15 +64,21 @@ class MaskedLMSamples(torch.utils.data.Dataset):
     """BERT samples (module docstring): tokens, types, labels, loss_mask, padding_mask, is_random."""
 
     def __init__(self, corpus: SentenceCorpus, cfg, specials: Specials, seq_length: int, seed_words: Sequence[int],
-                 size: int):
+                 size: int, cache: Optional[Path] = None):
         self.corpus, self.cfg, self.sp, self.seq_length = corpus, cfg, specials, seq_length
         self.head, self.seed_words = cfg.binary_head, list(seed_words)
         pair = self.head is not None
         min_sentences = 2 if pair else 1
         corpus.require_sentences(f"objective.masked_lm (binary_head={self.head})", min_sentences)
         seed = int(np.random.default_rng([*self.seed_words, 2]).integers(1, 2**31 - 1))
-        self.index = helpers.build_mapping(corpus.docs, corpus.lengths, 1, 2**62, seq_length - (3 if pair else 2),
-                                           cfg.short_seq_prob, seed, False, min_sentences)
+        target = seq_length - (3 if pair else 2)
+        # One epoch of the whole corpus (num_epochs 1, no sample cap): EpochOrder reads it as often as `size` needs,
+        # so the index does not depend on the run's sample count.
+        key = index_key("bert_sample_index", corpus.prefix, num_epochs=1, max_num_samples=2**62,
+                        max_seq_length=target, short_seq_prob=cfg.short_seq_prob, seed=seed,
+                        seed_words=[int(w) for w in self.seed_words], min_sentences=min_sentences)
+        self.index, cached = cached_index(cache, key, lambda: helpers.build_mapping(
+            corpus.docs, corpus.lengths, 1, 2**62, target, cfg.short_seq_prob, seed, False, min_sentences))
         per_doc, long_docs = corpus.per_doc, self._long_sentence_docs()
         if len(self.index) == 0:
             usable = int((per_doc >= min_sentences).sum())
@@ -84,7 +95,7 @@ class MaskedLMSamples(torch.utils.data.Dataset):
         self.summary = {"prefix": corpus.prefix, "documents": len(per_doc), "sentences": len(corpus),
                         "samples_per_epoch": len(self.index), "samples": self.order.size, "epochs": self.order.epochs,
                         "documents_left_out_few_sentences": int((per_doc < min_sentences).sum()),
-                        "documents_left_out_long_sentence": long_docs}
+                        "documents_left_out_long_sentence": long_docs, "index_cache": cached}
 
     def _long_sentence_docs(self) -> int:
         """Documents of >= 2 sentences with one over LONG_SENTENCE tokens (build_mapping's skip rule)."""
@@ -185,7 +196,7 @@ class DenoisingSamples(torch.utils.data.Dataset):
     """T5 / BART samples (module docstring): text_enc, text_dec, labels, loss_mask, enc_mask, dec_mask."""
 
     def __init__(self, corpus: SentenceCorpus, dn, specials: Specials, seq_length: int, seed_words: Sequence[int],
-                 size: int, decoder_length: int = 0):
+                 size: int, decoder_length: int = 0, cache: Optional[Path] = None):
         self.corpus, self.dn, self.sp, self.seq_length, self.seed_words = corpus, dn, specials, seq_length, seed_words
         if dn.sentence_permutation:
             corpus.require_sentences("objective.denoising.sentence_permutation")
@@ -194,7 +205,9 @@ class DenoisingSamples(torch.utils.data.Dataset):
             raise ValueError(f"model.decoder_seq_length={decoder_length}: the {dn.style} targets of seq_length="
                              f"{seq_length} take up to {need} tokens. Fix: model.decoder_seq_length={need} or null.")
         self.dec_length = decoder_length or need            # a longer decoder is padded
-        first, stop, offset = pack_sentences(corpus.docs, corpus.lengths, self.raw)
+        packed, cached = cached_index(cache, index_key("denoising_pieces", corpus.prefix, raw_tokens=self.raw),
+                                      lambda: np.stack(pack_sentences(corpus.docs, corpus.lengths, self.raw)))
+        first, stop, offset = packed
         cum = np.concatenate([[0], np.cumsum(corpus.lengths, dtype=np.int64)])
         sizes = np.where(offset >= 0, np.minimum(corpus.lengths[first] - np.maximum(offset, 0), self.raw),
                          cum[stop] - cum[first])
@@ -209,7 +222,7 @@ class DenoisingSamples(torch.utils.data.Dataset):
                         "raw_tokens": self.raw, "decoder_length": self.dec_length,
                         "samples_per_epoch": len(self.first), "samples": self.order.size, "epochs": self.order.epochs,
                         "pieces_left_out_short": int((~keep).sum()), "tokens_left_out": int(sizes[~keep].sum()),
-                        "stats": self.stats}
+                        "index_cache": cached, "stats": self.stats}
 
     def __len__(self) -> int:
         return self.order.size
@@ -271,12 +284,13 @@ def build_samples(cfg, sizes: Sequence[int]) -> tuple:
     splits = read_blend(blend_path)
     eod = json.loads(blend_path.read_text()).get("tokenizer", {}).get("eod")
     tok = run_tokenizer(cfg, f"objective.name={o.name}", threads=1)
+    cache = Path(cfg.data.cache_dir or blend_path.parent / "cache")      # GPTDataset's index caches' place
     where = f"{cfg.data.tokenizer.path} (data.tokenizer.path)"
     if o.name == "masked_lm":
         specials = Specials.of(tok, where, BERT_TOKENS)
 
         def one(corpus, seed_words, size):
-            return MaskedLMSamples(corpus, o.masked_lm, specials, cfg.model.seq_length, seed_words, size)
+            return MaskedLMSamples(corpus, o.masked_lm, specials, cfg.model.seq_length, seed_words, size, cache)
     elif o.name == "denoising":
         raw, _ = denoising_lengths(cfg.model.seq_length, o.denoising)
         spans = span_counts(raw, o.denoising.noise_density, o.denoising.mean_span_length)[1]
@@ -285,7 +299,7 @@ def build_samples(cfg, sizes: Sequence[int]) -> tuple:
 
         def one(corpus, seed_words, size):
             return DenoisingSamples(corpus, o.denoising, specials, cfg.model.seq_length, seed_words, size,
-                                    getattr(getattr(cfg, "derived", None), "decoder_seq_length", 0))
+                                    getattr(getattr(cfg, "derived", None), "decoder_seq_length", 0), cache)
     else:
         raise ValueError(f"objective.name={o.name}: samples.py builds masked_lm and denoising samples only")
     if len(specials.vocab) > cfg.model.vocab_size:

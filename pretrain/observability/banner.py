@@ -27,6 +27,8 @@ def _engine_line(cfg: JobConfig, layout: dict) -> str:
                 + (f", {' and '.join(offload)} offloaded to CPU" if offload else ""))
     if cfg.parallel.engine == "megatron":
         sharding = "distributed optimizer (ZeRO-1)" if layout.get("distributed_optimizer") else "replicated optimizer"
+        if layout.get("sharding") == "fsdp2":
+            sharding = "FSDP2 (torch fully_shard per transformer layer, parallel.data_parallel_sharding=fsdp2)"
         return f"megatron-core (parallel.engine=megatron), {sharding}"
     return f"{cfg.parallel.engine} (parallel.engine)"
 
@@ -68,7 +70,8 @@ def run_banner(cfg: JobConfig, engine) -> str:
         ("engine", _engine_line(cfg, layout)),
         ("layout", f"{layout['world_size']} ranks = TP {layout['tp']} x PP {layout['pp']}{vpp} x CP {layout['cp']} "
                    + (_experts(cfg, layout) if cfg.moe.enabled else f"x EP {layout['ep']} x DP {layout['dp']}")
-                   + f", ZeRO stage {layout['zero_stage']}"
+                   + (", FSDP2: parameters, gradients and optimizer states sharded over DP"
+                      if layout.get("sharding") == "fsdp2" else f", ZeRO stage {layout['zero_stage']}")
                    + (", sequence parallel" if cfg.parallel.sequence_parallel else "")),
         ("parameters", f"{human(count_params(cfg)['total'])} total"
                        + (f", {human(count_params(cfg)['active'])} active per token" if cfg.moe.enabled else "")

@@ -20,8 +20,10 @@ def render(plan: dict) -> str:
     mem = plan["memory_per_gpu_gib"]
     lay = plan["layout"]
     hours = plan["time_to_budget_hours"]
-    formula = "4N + 6N_added + 12*L*s*H*Q: no weight grads of the frozen base" if "peft" in plan else \
-        "6N + 12*L*s*H*Q"
+    # the attention term as model/inventory.py counts it: MLA's heads a at its own head dims (mla_attention_flops)
+    attention = "6*L*s*a*(d_qk + d_rope + d_v)" if "mla" in plan else "12*L*s*H*Q"
+    formula = f"4N + 6N_added + {attention}: no weight grads of the frozen base" if "peft" in plan else \
+        f"6N + {attention}"
     if "distill" in plan:
         formula += " + the teacher's forward"
     if plan.get("windowed_layers"):     # a sliding-window layer is charged its w+1 keys per query, not s
@@ -35,7 +37,8 @@ def render(plan: dict) -> str:
         f"  parameters        {plan['params']:,} ({human(plan['params'])}; non-embedding "
         f"{plan['params_non_embedding']:,})",
         f"  layout            {lay['engine']} TP={lay['tp']} PP={lay['pp']} CP={lay['cp']} DP={lay['dp']} "
-        f"SP={lay['sp']} ZeRO={lay['zero']} recompute={lay['recompute']} {lay['precision']}",
+        f"SP={lay['sp']} " + ("FSDP2 (params, grads, optimizer states / DP)" if lay.get("sharding") == "fsdp2"
+                              else f"ZeRO={lay['zero']}") + f" recompute={lay['recompute']} {lay['precision']}",
         f"  batch             micro {lay['micro_batch']} x {lay['num_microbatches']} micro-batches x DP "
         f"{lay['dp']} = {lay['global_batch']} sequences",
         f"  tokens per step   {plan['tokens_per_step']:,}",
@@ -43,11 +46,15 @@ def render(plan: dict) -> str:
         f"{plan['flops_per_token_hardware']:.4g})",
         f"  FLOPs per step    {plan['flops_per_step']:.4g}",
         f"  memory per GPU    {mem['total']:.2f} GiB = weights {mem['weights']:.2f} + grads {mem['grads']:.2f} "
-        f"+ optimizer {mem['optimizer']:.2f} + activations {mem['activations']:.2f}{teacher} "
+        f"+ optimizer {mem['optimizer']:.2f} + activations {mem['activations']:.2f}{teacher}"
+        + (f" + gathered {mem['gathered']:.2f} " if "gathered" in mem else " ") +
         f"(PP stage {plan['memory_stage']})",
         f"  Chinchilla tokens {human(plan['chinchilla_tokens'])} (20 x params); budget {human(plan['train_tokens'])} "
         f"tokens in {plan['train_iters']:,} steps",
     ]
+    if "gathered" in mem:      # FSDP2 (plan/fsdp2.py): in the total above
+        lines.insert(-1, f"  FSDP2 gathered    {mem['gathered']:.2f} GiB (in the total): the root's parameters and 2 "
+                         "layers' parameters and gradients, whole")
     if "encdec" in plan:
         ed = plan["encdec"]
         share = f"; decoder {ed['decoder_flops_share']:.1%} of the FLOPs" if ed["decoder_tokens"] else ""
@@ -56,7 +63,8 @@ def render(plan: dict) -> str:
         moe = plan["moe"]
         lines.insert(2, f"  MoE               {moe['experts']} experts, top-{moe['router_topk']}, "
                         f"{moe['moe_layers']} MoE layers; {moe['params_active']:,} active per token "
-                        f"({human(moe['params_active'])}); EP="
+                        f"({human(moe['params_active'])}; {human(moe['params_active_matmul'])} without the input "
+                        f"embedding, a lookup); EP="
                         f"{moe['expert_parallel']} ({moe['dispatcher']}): "
                         f"{moe['token_exchange_bytes_per_rank_per_step'] / 2**30:.2f} GiB exchanged per rank per step")
     if "mla" in plan:

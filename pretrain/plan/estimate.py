@@ -11,6 +11,7 @@ from ..model.inventory import count_params
 from ..model.inventory_encdec import ENCDEC_ARCHS
 from ..model.mla import mla_plan
 from .encdec import encdec_plan
+from .fsdp2 import fsdp2
 from .hardware import DEVICES, peak_tflops
 from .memory import memory_per_gpu, stage_param_bytes
 from .moe import moe_plan
@@ -78,7 +79,9 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] =
         "time_to_budget_hours": round(seconds / 3600, 2) if seconds else None,
         "layout": {"engine": p.engine, "tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
                    "cp": p.context_parallel_size, "dp": d.data_parallel_size, "sp": p.sequence_parallel,
-                   "zero": cfg.deepspeed.zero_stage if p.engine == "deepspeed" else int(p.use_distributed_optimizer),
+                   "zero": cfg.deepspeed.zero_stage if p.engine == "deepspeed" else 3 if fsdp2(cfg)
+                   else int(p.use_distributed_optimizer),       # FSDP2 shards what ZeRO-3 does (plan/fsdp2.py)
+                   "sharding": p.data_parallel_sharding if p.engine == "megatron" else "deepspeed",
                    "recompute": p.recompute_granularity,
                    "precision": cfg.precision.dtype + (f"+fp8 {cfg.precision.fp8}" if cfg.precision.fp8 else ""),
                    "micro_batch": cfg.batch.micro_batch_size, "global_batch": cfg.batch.global_batch_size,

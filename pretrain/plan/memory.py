@@ -30,6 +30,7 @@ from ..config.schema import JobConfig
 from ..model.inventory import embedding_tensors, head_tensors, layer_kinds, layer_tensors, stage_tensors
 from ..model.inventory_encdec import ENCDEC_ARCHS, encdec_tensors
 from ..model.mla import mla_activation_bytes
+from ..optim.muon import is_muon_matrix
 from ..optim.registry import OPTIMIZERS
 from .encdec import encdec_activation_bytes
 from .fsdp2 import fsdp2, gathered_bytes
@@ -53,10 +54,20 @@ def _bytes_per_element(cfg: JobConfig) -> int:
     return 2 if cfg.precision.half else 4
 
 
+def _state_bytes_of(cfg: JobConfig):
+    """The optimizer state of one tensor (by name and per-rank shape). optim=muon trains only the hidden matrices
+    (optim/muon.py's is_muon_matrix) with Muon; the embeddings, the output layer, norms, biases and routers get
+    AdamW's two moments, whatever their shape (the registry's state_bytes sees shapes alone)."""
+    own, adamw = OPTIMIZERS.get(cfg.optim.name).state_bytes, OPTIMIZERS.get("adamw").state_bytes
+    if cfg.optim.name != "muon":
+        return lambda t, shape: own(shape)
+    return lambda t, shape: own(shape) if is_muon_matrix(t.name) else adamw(shape)
+
+
 def optimizer_state_bytes(cfg: JobConfig, tensors, tp: int) -> float:
     master = 4 if cfg.precision.half else 0        # fp32 main params beside the 2-byte model params
-    state_bytes = OPTIMIZERS.get(cfg.optim.name).state_bytes
-    return sum(t.per_rank(tp) * master + state_bytes(t.per_rank_shape(tp)) for t in tensors)
+    state_bytes = _state_bytes_of(cfg)
+    return sum(t.per_rank(tp) * master + state_bytes(t, t.per_rank_shape(tp)) for t in tensors)
 
 
 def checkpoint_bytes(cfg: JobConfig) -> float:

@@ -27,5 +27,5 @@ def moe_plan(cfg: JobConfig, params: dict) -> dict:
     layers = sum(layer_kinds(cfg))
     per_step = per_layer * element * layers / p.pipeline_model_parallel_size * d.num_microbatches
     return {"experts": moe.num_experts, "router_topk": moe.router_topk, "moe_layers": layers,
-            "params_active": params["active"], "expert_parallel": ep, "dispatcher": moe.dispatcher,
+            "params_active": params["active"], "params_active_matmul": params["matmul"], "expert_parallel": ep, "dispatcher": moe.dispatcher,
             "token_exchange_bytes_per_rank_per_step": per_step}

@@ -109,8 +109,9 @@ class MegatronEngine(Engine):
             for chunk in chunks:
                 keep_experts_apart(chunk)
         if cfg.parallel.data_parallel_sharding == "fsdp2":     # torch fully_shard instead of DDP (docs/fsdp2.md)
+            ck = cfg.checkpoint
             return fsdp2.wrap_fsdp2(self.tconfig, chunks, cfg.precision.grad_reduce_in_fp32 or not cfg.precision.half,
-                                    self.on_cpu)
+                                    self.on_cpu, checkpoints=bool(ck.save_interval or ck.save_final or ck.load))
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32 or not cfg.precision.half,
             overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
@@ -342,8 +343,9 @@ class MegatronEngine(Engine):
                 "vpp": p.virtual_pipeline_model_parallel_size, "cp": ps.get_context_parallel_world_size(),
                 "ep": ps.get_expert_model_parallel_world_size(),
                 "dp": self.dp_size, "world_size": dist.get_world_size(),
-                "zero_stage": 1 if p.use_distributed_optimizer else 0,
-                "distributed_optimizer": p.use_distributed_optimizer}
+                # FSDP2 shards parameters, gradients and optimizer states over DP: ZeRO-3's extent
+                "zero_stage": 3 if p.data_parallel_sharding == "fsdp2" else 1 if p.use_distributed_optimizer else 0,
+                "sharding": p.data_parallel_sharding, "distributed_optimizer": p.use_distributed_optimizer}
 
     def local_parameters(self) -> List[torch.Tensor]:
         # A tied output layer on the last PP stage is a second copy of the embedding: held, so counted.

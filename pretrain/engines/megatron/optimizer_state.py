@@ -68,6 +68,20 @@ def materialize_state(inner: torch.optim.Optimizer, config=None) -> None:
             p.grad = grad
 
 
+def dtensor_states(inner: torch.optim.Optimizer) -> None:
+    """FSDP2 (docs/fsdp2.md): a DTensor parameter's loaded states are its local shards as plain tensors;
+    torch's update cannot mix them with the DTensor parameter, so they become DTensors placed like it."""
+    from torch.distributed.tensor import DTensor
+    for param, state in inner.state.items():
+        if not isinstance(param, DTensor):
+            continue
+        for key, value in state.items():
+            local = isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+            if local and value.shape == param._local_tensor.shape:
+                state[key] = DTensor.from_local(value, param.device_mesh, param.placements, shape=param.shape,
+                                                stride=param.stride())
+
+
 def unshare_steps(inner: torch.optim.Optimizer) -> None:
     for state in inner.state.values():
         if isinstance(state.get("step"), torch.Tensor):
@@ -91,13 +105,16 @@ def _set_main_state(opt, original, model_param, tensors: dict) -> None:
 def _factored_state_support() -> None:
     from megatron.core.dist_checkpointing import optimizer as mcore_optimizer
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+    from megatron.core.utils import to_local_if_dtensor
 
     original = mcore_optimizer.make_sharded_optimizer_tensor
     if getattr(original, "_pretrain_factored", False):
         return
 
     def make_sharded_optimizer_tensor(model_param, optim_param, prefix):
-        if isinstance(model_param, ShardedTensor) and tuple(optim_param.shape) != model_param.local_shape:
+        # An FSDP2 state is a DTensor: its shape is the full one, its local shard's the model tensor's.
+        if isinstance(model_param, ShardedTensor) and tuple(to_local_if_dtensor(optim_param).shape) != \
+                model_param.local_shape:
             grid = model_param.axis_fragmentations
             offsets = zip(model_param.global_offset, model_param.global_shape, grid, strict=True)
             index = tuple(o // (g // f) for o, g, f in offsets)
@@ -122,6 +139,7 @@ def patch(wrapper, skip: Iterable[str] = ()) -> None:
         if getattr(opt, "_pretrain_patched", False):
             continue
         opt._pretrain_patched = True
+        opt.optimizer.register_load_state_dict_post_hook(dtensor_states)    # a no-op without DTensor params
         if "fresh_state" not in skip:
             opt.init_state_fn = materialize_state        # Float16Optimizer / FP32Optimizer at load
         if not isinstance(opt, DistributedOptimizer):
