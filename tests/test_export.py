@@ -31,9 +31,21 @@ def ours(state, cfg):
 
 
 def our_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token logits [b, s, vocab]. With MTP layers, megatron-core 0.16.1 runs the model only with labels and its
+    cross-entropy works in place on the logits, so they are copied as the output layer returns them: its last call
+    is the main model's, after the MTP depths'."""
     positions = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
     with torch.no_grad():
-        return model(ids, positions, None).float()
+        if not model.config.mtp_num_layers:
+            return model(ids, positions, None).float()
+        calls = []
+        hook = model.output_layer.register_forward_hook(lambda mod, args, out: calls.append(out[0].detach().clone()))
+        try:
+            model(ids, positions, None, labels=ids)
+        finally:
+            hook.remove()
+    assert len(calls) == 1 + model.config.mtp_num_layers
+    return calls[-1].transpose(0, 1).float()
 
 
 def our_greedy(model, ids: torch.Tensor, n: int, vocab: int) -> list:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pretrain.config.compose import load_recipe
+from tests.test_export import our_logits
 
 # recipes/deepseek-tiny.yaml at 3 layers, seq 32, top-4 of 8 experts in 4 groups of which 2 are used: groups
 # ranked by their top 4 // 2 = 2 scores, what transformers hard-codes (top-2 would be refused)
@@ -40,19 +41,6 @@ def perturb(model) -> None:
         for name, b in model.named_buffers():
             if name.endswith("expert_bias"):
                 b.copy_(0.05 * torch.randn(b.shape, generator=g))
-
-
-def our_logits(model, ids: torch.Tensor) -> torch.Tensor:
-    """Main next-token logits [b, s, vocab] of a GPTModel with MTP: megatron-core 0.16.1 runs its MTP block only
-    with labels, and its cross-entropy works in place on the logits, so they are copied as the output layer
-    returns them (its last call is the main model's, after the MTP depths')."""
-    calls = []
-    hook = model.output_layer.register_forward_hook(lambda mod, args, out: calls.append(out[0].detach().clone()))
-    with torch.no_grad():
-        model(ids, torch.arange(ids.shape[1]).expand_as(ids), None, labels=ids)
-    hook.remove()
-    assert len(calls) == 1 + (model.config.mtp_num_layers or 0)
-    return calls[-1].transpose(0, 1)
 
 
 def routing_margin(hf, ids: torch.Tensor) -> float:
