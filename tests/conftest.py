@@ -119,13 +119,25 @@ def pytest_collection_modifyitems(config, items):
     """Order: the unit tier (and the slow tests marked beside_training: a few seconds of their own spawned
     ranks each), then the slow tests that read shared runs (they wait for the training that started
     with the session), then the other slow tests. The unit tier runs beside the training, on the core its
-    launches leave idle; no slow test (timed drills, SLURM jobs) competes with it. Stable within each group."""
-    def group(item) -> int:
-        if item.get_closest_marker("slow") is None or item.get_closest_marker("beside_training") is not None:
-            return 0
+    launches leave idle; no slow test (timed drills, SLURM jobs) competes with it. The tests that read shared
+    runs go in the order their sets finish (tests.training.finish_order), so that those reading the first
+    launches' sets run while the later launches train instead of after the last one. Stable within each group."""
+    def sets_of(item) -> set:
         fixtures = set(getattr(item, "fixturenames", ()))
-        return 1 if fixtures & (set(SETS) | {"session_runs", "reference"}) else 2
-    items.sort(key=group)
+        return (fixtures & set(SETS)) | ({"reference_run"} if "reference" in fixtures else set())
+
+    wanted = set().union(*map(sets_of, items)) if items else set()
+    finish = training.finish_order(wanted)
+    last = max(finish.values(), default=())
+
+    def key(item) -> tuple:
+        if item.get_closest_marker("slow") is None or item.get_closest_marker("beside_training") is not None:
+            return (0,)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if not fixtures & (set(SETS) | {"session_runs", "reference"}):
+            return (2,)
+        return (1, max((finish[n] for n in sets_of(item)), default=last))
+    items.sort(key=key)
 
 
 def pytest_sessionstart(session):

@@ -6,7 +6,8 @@ imports are shared, which saves ~10 s of start-up per job on CI's 2 cores.
     jobs.json: [{"recipe": "gpt-tiny", "overrides": ["k=v", ...], "log": "<path>"}, ...]
 
 With "log", what the job prints to stdout goes to <path>.rank<r>.log (each rank's own file);
-stderr stays the launch's.
+stderr stays the launch's; and once every rank has finished the job, rank 0 creates <path>.done
+(tests/training.py hands a set's runs to its tests before the rest of the launch ends).
 """
 import contextlib
 import json
@@ -46,6 +47,10 @@ def main() -> int:
         if code:
             print(f"run_jobs: {job.get('log', job['overrides'])} exited {code}", file=sys.stderr, flush=True)
             return code
+        if job.get("log") and dist.is_initialized():
+            dist.barrier()                    # every rank's files of the job are written and closed
+            if dist.get_rank() == 0:          # the launcher may read the job's run dir from now on
+                open(f"{job['log']}.done", "w").close()
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

@@ -7,7 +7,9 @@ import time
 import pytest
 
 from pretrain.config.compose import load_recipe
+from pretrain.model.inventory import count_params, layer_tensors
 from pretrain.plan.memory import memory_per_gpu, stage_param_bytes
+from pretrain.plan.moe import exchange_bytes_per_layer, exchange_seconds
 from pretrain.plan.perf import _attention, gemm_seconds, group_bandwidth, layer_gemms, rates, shape, step_time
 from pretrain.plan.published import case_overrides, evaluate_all, load_cases
 from pretrain.plan.search import search
@@ -21,8 +23,9 @@ def _composes(recipe, result, gpus):
     assert cfg.derived.world_size == gpus
     assert (p.engine, p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
             p.virtual_pipeline_model_parallel_size, p.context_parallel_size, p.sequence_parallel,
-            p.recompute_granularity, cfg.batch.micro_batch_size) == \
-        (lay.engine, lay.tp, lay.pp, lay.vpp, lay.cp, lay.sp, lay.recompute, lay.mbs)
+            p.recompute_granularity, cfg.batch.micro_batch_size, p.expert_model_parallel_size,
+            p.expert_tensor_parallel_size) == \
+        (lay.engine, lay.tp, lay.pp, lay.vpp, lay.cp, lay.sp, lay.recompute, lay.mbs, lay.ep, lay.etp)
     assert memory_per_gpu(cfg)["total"] == pytest.approx(result.memory["total"], rel=1e-9)
 
 
@@ -147,3 +150,54 @@ def test_published_layouts_against_the_search():
     assert sum(r["layout_ok"] and r["tflops_ok"] for r in held_out) >= 9
     ratios = sorted(r["modelled_tflops"] / r["published_tflops"] for r in rows)
     assert 0.85 <= ratios[0] and ratios[-1] <= 1.3
+
+
+def test_moe_search_composes_fits_and_uses_ep():
+    """MoE recipes are searched with EP (and expert TP): every printed layout composes and fits; mixtral-8x7b's
+    experts do not fit one GPU whole at TP = PP = 1, so there only EP = 8 fits."""
+    tiny = search(load_recipe("moe-tiny", ["cluster.gpu_type=H100-SXM"]), 4, top=3,
+                  allow={"mbs": [8], "recompute": [None], "dist_opt": [True]})
+    assert tiny["counts"]["fit"] >= 3 and {r.layout.engine for r in tiny["results"]} == {"megatron"}
+    for r in tiny["results"]:
+        _composes("moe-tiny", r, 4)
+    allow = {"tp": [1], "pp": [1], "cp": [1], "mbs": [1], "recompute": ["full"], "dist_opt": [True]}
+    found = search(load_recipe("mixtral-8x7b"), 64, top=3, keep_all=True, allow=allow)
+    eps = {r.layout.ep for r in found["results"]}
+    # EP = 1, 2, 4 keep 87, 45, 24 GiB of bf16 weights and twice that in fp32 grads: only EP = 8 (13.5 + 27) fits
+    assert found["counts"]["valid"] == 4 and eps == {8}
+    best = found["results"][0]
+    assert best.layout.ep == 8 and best.time["ep_comm"] > 0 and best.memory["total"] <= found["memory_budget_gib"]
+    _composes("mixtral-8x7b", best, 64)
+
+
+def test_moe_time_uses_active_weights_and_the_exchange():
+    cfg = load_recipe("mixtral-8x7b", ["parallel.pipeline_model_parallel_size=1", "parallel.sequence_parallel=true",
+                                       "parallel.virtual_pipeline_model_parallel_size=null",
+                                       "parallel.tensor_model_parallel_size=2"])
+    sh, rate, params = shape(cfg), rates(cfg), count_params(cfg)
+    assert sh.topk == 2 and sh.model_matmul == params["matmul"] < 0.3 * params["total"]   # 12.9B active of 46.7B
+    tokens = 4096
+    g_fwd, _, _, _ = layer_gemms(sh, tokens, 2, rate, 2)
+    # forward GEMMs: 2 x tokens x the ACTIVE layer weights (attention, router, 2 of 8 experts) / TP, at the ceiling
+    assert 1.0 < g_fwd / (2 * tokens * sh.matmul / 2 / rate.gemm) < 1.1
+    assert sh.matmul < 0.35 * sum(t.numel for t in layer_tensors(cfg, moe=True) if t.matmul)
+    ep8 = exchange_bytes_per_layer(cfg)        # TP=2 x EP=8 spans 2 nodes: 4 ranks per node, 4 on others
+    assert ep8 == 4 * (4096 / 2) * 2 * 4096 * 7 / 8 * 2
+    assert exchange_seconds(cfg, rate) == pytest.approx(max(ep8 * 3 / 7 / rate.nvlink, ep8 * 4 / 7 / rate.ib)
+                                                        + 4 * 5e-6, rel=1e-12)
+    t = step_time(cfg, rate, sh, stage_param_bytes(cfg))
+    assert t["ep_comm"] == pytest.approx(cfg.derived.num_microbatches * 32 * exchange_seconds(cfg, rate), rel=1e-9)
+
+
+def test_deepseek_v3_is_ranked_with_its_uneven_pipeline_split():
+    """deepseek-v3 (61 layers: PP only at the recipe's 3 + 14x4 + 2 split) on its 2048 GPUs, in a slice of the
+    space holding its own layout (TP=1 PP=16 EP=64 full recompute): the search ranks it, and what it prints
+    composes. The recipe's memory is make plan's 19.1 GiB; its EP=64 exchange crosses 8 nodes, unoverlapped."""
+    allow = {"tp": [1], "pp": [16], "cp": [1], "mbs": [1], "recompute": ["full"], "dist_opt": [True]}
+    found = search(load_recipe("deepseek-v3"), 2048, top=9, keep_all=True, allow=allow)
+    by_ep = {r.layout.ep: r for r in found["results"]}
+    # EP = 256 x PP = 16 exceeds the world; EP = 1, 2, 4 keep 266, 140, 77 GiB (the fastest if they fitted)
+    assert found["counts"]["valid"] == 8 and set(by_ep) == {8, 16, 32, 64, 128}
+    assert by_ep[64].memory["total"] == pytest.approx(19.1, abs=0.05)
+    assert by_ep[64].time["ep_comm"] > by_ep[8].time["ep_comm"] and found["results"][0].layout.ep == 8
+    _composes("deepseek-v3", found["results"][0], 2048)

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -72,6 +73,7 @@ def train_many(root, jobs: dict, nproc=2, recipe="gpt-tiny", timeout=900) -> dic
 
 
 LIVE_LAUNCHES: set = set()       # torchrun launches in flight (SessionRuns.stop ends them)
+POLL_S = 1.0                     # how often SessionRuns looks for the jobs a launch has finished
 
 
 def job_recipe(overrides: list, default: str) -> tuple:
@@ -82,8 +84,9 @@ def job_recipe(overrides: list, default: str) -> tuple:
     return default, overrides
 
 
-def launch(jobs_file, jobs: list, nproc=2, recipe="gpt-tiny", timeout=900) -> None:
-    """[(run_dir, overrides)] in one torchrun launch of tests/run_jobs.py, in this order; fails naming the job."""
+def launch(jobs_file, jobs: list, nproc=2, recipe="gpt-tiny", timeout=900, on_poll=None) -> None:
+    """[(run_dir, overrides)] in one torchrun launch of tests/run_jobs.py, in this order; fails naming the job.
+    on_poll(): called about every POLL_S seconds while the launch runs (it must not raise)."""
     spec = []
     for run_dir, overrides in jobs:
         name, rest = job_recipe(overrides, recipe)
@@ -96,12 +99,19 @@ def launch(jobs_file, jobs: list, nproc=2, recipe="gpt-tiny", timeout=900) -> No
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             env=dict(training_env(), PYTHONPATH=str(REPO)))
     LIVE_LAUNCHES.add(proc)
+    deadline = time.monotonic() + timeout
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+        while True:
+            left = deadline - time.monotonic()
+            try:           # a retried communicate keeps what it read before (subprocess documents it)
+                stdout, stderr = proc.communicate(timeout=max(0.0, min(left, POLL_S) if on_poll else left))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.communicate()
+                    raise subprocess.TimeoutExpired(proc.args, timeout) from None
+                on_poll()
     finally:
         LIVE_LAUNCHES.discard(proc)
     res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
@@ -177,6 +187,39 @@ def with_needs(names) -> set:
     return out
 
 
+def batches(nprocs) -> list:
+    """The process counts of one wave's launches, grouped into the batches that run at the same time: fewest
+    processes first, as many launches together as fit in cores + 1 processes (more only thrash)."""
+    out, limit = [], len(os.sched_getaffinity(0)) + 1
+    for nproc in sorted(nprocs):
+        if out and sum(out[-1]) + nproc <= limit:
+            out[-1].append(nproc)
+        else:
+            out.append([nproc])
+    return out
+
+
+def depth(name) -> int:
+    """The wave that trains a set: 0 without needs, else one after its latest need's."""
+    return max((depth(need) + 1 for need in SETS[name].needs), default=0)
+
+
+def finish_order(wanted) -> dict:
+    """{set name: a key that sorts the sets as SessionRuns finishes them} for the sets of `wanted` and their needs:
+    the rank of the batch of launches that trains it, its process count (in a batch the 1-process launch, the
+    shortest, ends first), then its place in its launch (`late` last, else in SETS order). A set is handed to its
+    tests when its jobs end, so a test reading sets that finish earlier can run while later ones train."""
+    sets = with_needs(n for n in wanted if n in SETS)
+    place = {n: i for i, n in enumerate(SETS)}
+    order, rank = {}, 0
+    for wave in sorted({depth(n) for n in sets}):
+        in_wave = [n for n in sets if depth(n) == wave]
+        for nprocs in batches({SETS[n].nproc for n in in_wave}):
+            order.update((n, (rank, SETS[n].nproc, SETS[n].late, place[n])) for n in in_wave if SETS[n].nproc in nprocs)
+            rank += 1
+    return order
+
+
 class SessionRuns:
     """Trains the sets of SETS in waves: when a set is asked for, every wanted set whose needs are trained
     (itself included) is launched, one launch per process count, and launches whose processes fit in
@@ -186,13 +229,15 @@ class SessionRuns:
 
     `start(prepare)` asks for every wanted set from a background thread as the session begins, after
     `prepare()` (the demo data): the tests that need no shared run (tests/conftest.py orders them first)
-    run meanwhile on the core the launches leave idle. A test's `get` waits for its set."""
+    run meanwhile on the core the launches leave idle. A test's `get` waits for its set, which is handed over
+    as soon as its own jobs have ended (tests/run_jobs.py marks each), not when the rest of its launch has."""
 
     def __init__(self, base, wanted, timeout=840):
         self.base, self.timeout = base, timeout
         self.wanted = with_needs(n for n in wanted if n in SETS)
         self.done, self.failed, self.launched = {}, {}, []       # launched: the sets of each launch, in order
         self.lock, self.prepared, self.prepare_error = threading.RLock(), threading.Event(), None
+        self.in_flight, self.changed = set(), threading.Condition()     # sets of the launches running now
         self.thread, self.stopping = None, False
 
     def start(self, prepare: Callable[[], object]) -> None:
@@ -227,6 +272,11 @@ class SessionRuns:
         self.prepared.wait()
         if self.prepare_error:
             raise AssertionError(self.prepare_error)
+        with self.changed:                    # in a launch now: handed over when its jobs end, not its wave
+            while name in self.in_flight and name not in self.done and name not in self.failed:
+                self.changed.wait()
+            if name in self.done:
+                return self.done[name]
         with self.lock:                       # one wave at a time, from this thread or the background one
             return self._get(name)
 
@@ -251,18 +301,15 @@ class SessionRuns:
         groups = {}
         for n in sorted(ready, key=lambda n: SETS[n].late):          # stable: else in SETS order
             groups.setdefault(SETS[n].nproc, []).append(n)
-        batch, limit = [], len(os.sched_getaffinity(0)) + 1     # processes at a time: more only thrash
-        for nproc in sorted(groups):
-            if batch and sum(n for n, _ in batch) + nproc > limit:
-                self._run_concurrently(batch)
-                batch = []
-            batch.append((nproc, groups[nproc]))
-        self._run_concurrently(batch)
+        for nprocs in batches(groups):
+            self._run_concurrently([(nproc, groups[nproc]) for nproc in nprocs])
 
     def _run_concurrently(self, batch):
         threads = []
         for nproc, group in batch:
             self.launched.append(group)
+            with self.changed:
+                self.in_flight.update(group)
             jobs_file = self.base / f"launch{len(self.launched)}-{nproc}proc.json"
             jobs, names = [], {}
             try:
@@ -281,18 +328,35 @@ class SessionRuns:
             thread.join()
 
     def _launch(self, group, names, nproc, jobs_file, jobs):
-        try:
-            launch(jobs_file, jobs, nproc, timeout=self.timeout)
+        def finish(set_name):
+            root = self.base / set_name
+            write_launch_log(root, names[set_name], nproc)
+            runs = Runs(root, {job: records(root / job) for job in names[set_name]}, nproc)
+            with self.changed:
+                self.done[set_name] = runs
+                self.changed.notify_all()
+
+        def poll():         # a set whose jobs all ended (tests/run_jobs.py's <run_dir>.done) goes to its tests now
             for set_name in group:
                 root = self.base / set_name
-                write_launch_log(root, names[set_name], nproc)
-                self.done[set_name] = Runs(root, {job: records(root / job) for job in names[set_name]}, nproc)
-        except Exception as err:                                  # reported by the fixture of every set in it
-            self._fail(group, jobs_file, err)
+                if set_name not in self.done and all(Path(f"{root / job}.done").exists() for job in names[set_name]):
+                    try:
+                        finish(set_name)
+                    except Exception:          # noqa: BLE001 - read again when the launch ends, failing there
+                        pass
+        try:
+            launch(jobs_file, jobs, nproc, timeout=self.timeout, on_poll=poll)
+            for set_name in group:
+                if set_name not in self.done:
+                    finish(set_name)
+        except Exception as err:                    # reported by the fixture of every set in it not yet trained
+            self._fail([n for n in group if n not in self.done], jobs_file, err)
 
     def _fail(self, group, jobs_file, err):
         for set_name in group:
-            self.failed[set_name] = f"the launch of {group} ({jobs_file}) failed: {type(err).__name__}: {err}"
+            with self.changed:
+                self.failed[set_name] = f"the launch of {group} ({jobs_file}) failed: {type(err).__name__}: {err}"
+                self.changed.notify_all()
 
 
 # ---- sets more than one test module reads (tests/conftest.py makes them fixtures) ------------

@@ -25,6 +25,9 @@ principles, then the schedule, data-parallel reduction and optimizer are added:
   attention blocks (Transformer Engine's ring attention): only the excess counts;
 * PP: one send forward and one backward per micro-batch and model chunk; the 1F1B /
   interleaved bubble is (p-1)/v micro-batch times, i.e. a fraction (p-1)/(m v) of the work;
+* MoE (EP): each layer's routed experts as top-k of them per token (active, not total, weights; layer_gemms),
+  plus the token exchange (dispatch + combine, forward + backward; again forward under full recompute), NOT
+  overlapped with compute (moe.exchange_seconds); expert gradients are timed as reduced over DP like the rest;
 * DP: gradient reduce-scatter + parameter all-gather (distributed optimizer / ZeRO-1/2) or
   all-reduce, overlapped with the last micro-batch's backward (grads) and the first's forward
   (params) when the engine does so (megatron overlap_grad_reduce / overlap_param_gather;
@@ -47,7 +50,7 @@ from dataclasses import dataclass
 from ..config.attention import causal_pairs, window_pattern
 from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
-from ..model.inventory import layer_tensors
+from ..model.inventory import count_params, layer_tensors
 from .hardware import (
     ATTENTION_FRACTION,
     ATTENTION_MATMULS,
@@ -61,6 +64,7 @@ from .hardware import (
     device,
     peak_tflops,
 )
+from .moe import exchange_seconds
 from .peft import layer_added_tensors, teacher_at, training_flops
 
 DDP_BUCKET_PARAMS = 40e6   # megatron-core DDP bucket size (parameters); one collective per bucket
@@ -115,20 +119,32 @@ class Shape:
     frozen: bool = False             # PEFT: the base GEMMs compute no weight gradient
     added: tuple = ()                # (out, in, split) of each GEMM PEFT adds to a layer
     pairs: float = 0.0               # causal (query, key) pairs per layer, mean over layers (windows: fewer)
+    experts: tuple = ()              # MoE: (out, in, split) of one routed expert's GEMMs, run by top-k per token
+    topk: int = 0
+    model_matmul: int = 0            # MoE: the ACTIVE GEMM weights a token goes through (inventory's `matmul`)
 
 
 def shape(cfg: JobConfig) -> Shape:
-    m, d = cfg.model, cfg.derived
-    tensors = [t for t in layer_tensors(cfg) if t.matmul]
-    return Shape(matmul=sum(t.numel for t in tensors), hidden=m.hidden_size,
+    """An MoE model's layers are all timed as its MoE layer (router, shared experts, top-k routed experts per
+    token: the active weights), whose stages bound the step in the MoE recipes (dense layers come first)."""
+    m, d, moe = cfg.model, cfg.derived, cfg.moe
+    tensors = [t for t in layer_tensors(cfg, moe=moe.enabled) if t.matmul]
+    experts = [t for t in tensors if t.expert and ".local_experts.0." in t.name]
+    tensors = [t for t in tensors if not t.expert]
+    topk = moe.router_topk if moe.enabled else 0
+    ffn = d.ffn_hidden_size if not moe.enabled else \
+        topk * (moe.ffn_hidden_size or d.ffn_hidden_size) + (moe.shared_expert_ffn_hidden_size or 0)
+    return Shape(matmul=sum(t.numel for t in tensors) + topk * sum(t.numel for t in experts), hidden=m.hidden_size,
                  q=m.num_attention_heads * d.kv_channels, kv=d.num_query_groups * d.kv_channels,
-                 ffn=d.ffn_hidden_size, gate=2 if m.activation == "swiglu" else 1,
+                 ffn=ffn, gate=2 if m.activation == "swiglu" else 1,
                  rope=m.position_embedding_type == "rope", seq=m.seq_length, heads=m.num_attention_heads,
                  unfused=m.attention_backend == "unfused", attn_dropout=m.attention_dropout > 0,
                  gemms=tuple((t.shape[0], t.shape[1], t.split) for t in tensors), frozen=cfg.peft.enabled,
                  added=tuple((t.shape[0], t.shape[1], t.split) for t in layer_added_tensors(cfg) if t.matmul),
                  pairs=sum(causal_pairs(m.seq_length, m.window_size if w else None)
-                           for w in window_pattern(m) or [False] * m.num_layers) / m.num_layers)
+                           for w in window_pattern(m) or [False] * m.num_layers) / m.num_layers,
+                 experts=tuple((t.shape[0], t.shape[1], t.split) for t in experts), topk=topk,
+                 model_matmul=count_params(cfg)["matmul"] if moe.enabled else 0)
 
 
 def gemm_seconds(m: float, n: float, k: float, rate: Rates, out_bytes: float) -> float:
@@ -139,18 +155,25 @@ def gemm_seconds(m: float, n: float, k: float, rate: Rates, out_bytes: float) ->
     return 2 * m * n * k / rate.gemm * waves * rate.sms / tiles + m * n * out_bytes / rate.hbm
 
 
-def layer_gemms(sh: Shape, tokens: float, tp: int, rate: Rates, e: int) -> tuple[float, float, float, float]:
+def layer_gemms(sh: Shape, tokens: float, tp: int, rate: Rates, e: int,
+                etp: int | None = None) -> tuple[float, float, float, float]:
     """(forward, backward) seconds of one layer's GEMMs on one rank, and the elements the forward and
     backward GEMMs take as inputs (what FP8 casts). Column-parallel ("row" split: output features)
-    and row-parallel ("col": input features) weights are cut by TP."""
+    and row-parallel ("col": input features) weights are cut by TP. MoE routed experts (balanced routing): the
+    EP group's tokens x top-k copies spread evenly over its ranks, so a rank runs tokens x top-k x ETP / TP rows
+    (SP tokens gathered over expert TP) through one expert's GEMMs cut by the expert TP degree `etp`, as one
+    grouped GEMM of that aggregate shape; its weight gradient is timed once at that shape too."""
+    etp = etp or tp
     fwd = bwd = cast_f = cast_b = 0.0
-    for frozen, gemms in ((sh.frozen, sh.gemms), (False, sh.added)):
+    routed = tokens * sh.topk * etp / tp
+    for frozen, gemms, rows, ways in ((sh.frozen, sh.gemms, tokens, tp), (False, sh.added, tokens, tp),
+                                      (sh.frozen, sh.experts, routed, etp)):
         for out, inp, split in gemms:
-            n, k = (out / tp, inp) if split == "row" else (out, inp / tp) if split == "col" else (out, inp)
-            fwd += gemm_seconds(tokens, n, k, rate, e)
-            bwd += gemm_seconds(tokens, k, n, rate, e)
-            bwd += 0.0 if frozen else gemm_seconds(k, n, tokens, rate, MAIN_GRAD_BYTES)
-            cast_f, cast_b = cast_f + tokens * k, cast_b + tokens * n
+            n, k = (out / ways, inp) if split == "row" else (out, inp / ways) if split == "col" else (out, inp)
+            fwd += gemm_seconds(rows, n, k, rate, e)
+            bwd += gemm_seconds(rows, k, n, rate, e)
+            bwd += 0.0 if frozen else gemm_seconds(k, n, rows, rate, MAIN_GRAD_BYTES)
+            cast_f, cast_b = cast_f + rows * k, cast_b + rows * n
     return fwd, bwd, cast_f, cast_b
 
 
@@ -197,7 +220,7 @@ def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[i
     rc = p.recompute_granularity
     full, again = rc == "full", rc in ("full", "selective")      # forward GEMMs / core attention repeated
 
-    g_fwd, g_bwd, cast_f, cast_b = layer_gemms(sh, tokens, tp, rate, e)
+    g_fwd, g_bwd, cast_f, cast_b = layer_gemms(sh, tokens, tp, rate, e, p.expert_tensor_parallel_size)
     attn_f, attn_b = _attention(sh, b, s, cp, tp, rate, e)
     elem_f, elem_b = _elementwise(sh, tokens, tp, p.sequence_parallel, rate, e, cast_f, cast_b)
     per_node = rate.per_node
@@ -213,7 +236,8 @@ def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[i
     attn = attn_f * (2 if again else 1) + attn_b
     cp_exposed = max(0.0, cp_comm - attn)
     layer = {"gemm": g_fwd * (2 if full else 1) + g_bwd, "attention": attn,
-             "elementwise": elem_f * (2 if full else 1) + elem_b, "tp_comm": tp_comm, "cp_comm": cp_exposed}
+             "elementwise": elem_f * (2 if full else 1) + elem_b, "tp_comm": tp_comm, "cp_comm": cp_exposed,
+             "ep_comm": exchange_seconds(cfg, rate) * ((6 if full else 4) / 4) if sh.topk else 0.0}
     recompute_layer = (g_fwd + elem_f if full else 0.0) + (attn_f if again else 0.0)
 
     layers = pipeline_stage_layers(cfg.model.num_layers, pp, p.num_layers_in_first_pipeline_stage,
@@ -273,7 +297,8 @@ def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[i
     out["optimizer"] = optimizer
     step = sum(out.values())
     out["recompute"] = m * n_layers * recompute_layer      # included above (part of gemm/attention/elementwise)
-    flops = training_flops(cfg, {"matmul": sh.matmul * cfg.model.num_layers + vocab * sh.hidden}, teacher)
+    matmul = sh.model_matmul or sh.matmul * cfg.model.num_layers + vocab * sh.hidden    # MoE: active weights
+    flops = training_flops(cfg, {"matmul": matmul}, teacher)
     out["step"] = step
     out["mfu"] = flops["model"] * d.tokens_per_step / (step * d.world_size * rate.peak)
     out["tflops_per_gpu"] = out["mfu"] * rate.peak / 1e12

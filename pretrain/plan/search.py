@@ -12,7 +12,11 @@ micro-batch 1-8, recompute none / selective / full (1 layer per group). Not enum
 across nodes (TP divides the GPUs per node), uneven PP splits, CP with a sequence not
 divisible by 2 x CP (Transformer Engine's load-balanced split) or leaving a rank < 1024 tokens,
 micro-batches that do not divide the global batch over DP (the validator's own rule, applied
-early), EP (the model has no MoE layers: EP is 1), offload. With distillation, only the layouts the
+early), offload. MoE recipes (moe.num_experts): megatron only (the validator's rule, applied early), EP every
+divisor of the experts and expert TP = TP or 1, kept where the validator accepts them (EP x expert TP x PP tiling
+the world); timed as perf.py says (active expert weights, token exchange not overlapped), memory as memory.py.
+Where the recipe sets an uneven PP split (num_layers_in_first / last_pipeline_stage), its PP with that split is
+searched too (without VPP), beside the PPs dividing the layers. With distillation, only the layouts the
 `distill` rules allow (megatron, PP = CP = 1, TP dividing the teacher's heads). With peft.method=lora, no
 CP: LoRA wraps megatron-core's local linears (pretrain/peft/lora.py), CP needs Transformer Engine's layers.
 """
@@ -38,7 +42,7 @@ MEMORY_MARGIN = 0.90      # keep 10% of device memory for the allocator's fragme
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = (None, "selective", "full")
 MIN_CP_CHUNK = 1024       # CP only while each rank keeps >= 1024 tokens of the sequence
-FIELDS = ("engine", "tp", "pp", "vpp", "cp", "sp", "dist_opt", "zero", "mbs", "recompute")
+FIELDS = ("engine", "tp", "pp", "vpp", "cp", "sp", "dist_opt", "zero", "mbs", "recompute", "ep", "etp")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,10 @@ class Layout:
     zero: int
     mbs: int
     recompute: Optional[str]
+    ep: int = 1
+    etp: Optional[int] = None      # expert TP; None: the TP degree
+    first: Optional[int] = None    # layers of the first / last pipeline stage (an uneven split), None: even
+    last: Optional[int] = None
 
     def apply(self, cfg: JobConfig, dp_overlap: bool = True) -> None:
         """Write this layout into a config (in place); `dp_overlap`: megatron overlaps the DP collectives."""
@@ -64,7 +72,8 @@ class Layout:
         p.overlap_grad_reduce = self.engine == "megatron" and dp_overlap
         p.overlap_param_gather = self.dist_opt and dp_overlap
         p.recompute_granularity, p.recompute_method, p.recompute_num_layers = self.recompute, "uniform", 1
-        p.num_layers_in_first_pipeline_stage = p.num_layers_in_last_pipeline_stage = None
+        p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage = self.first, self.last
+        p.expert_model_parallel_size, p.expert_tensor_parallel_size = self.ep, self.etp
         cfg.deepspeed.zero_stage = self.zero
         cfg.batch.micro_batch_size = self.mbs
         if self.cp > 1:
@@ -93,13 +102,19 @@ def world(cfg: JobConfig, gpus: Optional[int]) -> tuple[int, int]:
     return gpus // per_node, per_node
 
 
-def candidates(cfg: JobConfig, gpus: int) -> Iterator[Layout]:
+def candidates(cfg: JobConfig, gpus: int, uneven: Optional[tuple] = None) -> Iterator[Layout]:
+    """`uneven`: the recipe's (PP, first-stage layers, last-stage layers), searched beside the even splits."""
     m = cfg.model
     per_node = cfg.cluster.devices_per_node
     layers, gbs = m.num_layers, cfg.batch.global_batch_size
+    experts = cfg.moe.num_experts if cfg.moe.enabled else 0
+    eps = [x for x in range(1, experts + 1) if experts % x == 0] if experts else [1]
+    splits = [(x, None, None) for x in range(1, layers + 1) if layers % x == 0] + ([uneven] if uneven else [])
     for tp in (t for t in range(1, per_node + 1) if per_node % t == 0):
-        for pp in (x for x in range(1, layers + 1) if layers % x == 0 and tp * x <= gpus):
-            vpps = [None] + ([v for v in range(2, layers // pp + 1) if (layers // pp) % v == 0] if pp > 1 else [])
+        etps = [None] + ([1] if experts and tp > 1 else [])
+        for pp, first, last in (x for x in splits if tp * x[0] <= gpus):
+            vpps = [None] + ([v for v in range(2, layers // pp + 1) if (layers // pp) % v == 0]
+                             if pp > 1 and first is None else [])
             cp = 1
             while tp * pp * cp <= gpus:
                 dp = gpus // (tp * pp * cp)
@@ -110,8 +125,11 @@ def candidates(cfg: JobConfig, gpus: int) -> Iterator[Layout]:
                             for mbs in (x for x in MICRO_BATCHES if gbs % (x * dp) == 0):   # validate() checks
                                 for rc in RECOMPUTE:
                                     for dist_opt in (False, True):
-                                        yield Layout("megatron", tp, pp, vpp, cp, sp, dist_opt, 0, mbs, rc)
-                                    if pp == 1 and cp == 1 and not sp:
+                                        for ep in (x for x in eps if gpus % (x * pp) == 0):
+                                            for etp in etps:
+                                                yield Layout("megatron", tp, pp, vpp, cp, sp, dist_opt, 0, mbs, rc,
+                                                             ep, etp, first, last)
+                                    if pp == 1 and cp == 1 and not sp and not experts:
                                         for zero in (0, 1, 2, 3):
                                             yield Layout("deepspeed", tp, 1, None, 1, False, False, zero, mbs, rc)
                 cp *= 2
@@ -129,7 +147,8 @@ def overrides(base: JobConfig, cfg: JobConfig) -> list[str]:
             "parallel.overlap_grad_reduce", "parallel.overlap_param_gather", "parallel.recompute_granularity",
             "parallel.recompute_method", "parallel.recompute_num_layers",
             "parallel.num_layers_in_first_pipeline_stage", "parallel.num_layers_in_last_pipeline_stage",
-            "deepspeed.zero_stage", "batch.micro_batch_size", "model.transformer_impl"]
+            "parallel.expert_model_parallel_size", "parallel.expert_tensor_parallel_size", "deepspeed.zero_stage",
+            "batch.micro_batch_size", "model.transformer_impl"]
     out = []
     for key in keys:
         section, name = key.split(".")
@@ -148,11 +167,6 @@ def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, tp
     TP collectives overlapped with GEMMs, interleaved-PP sends overlapped with compute (published systems only;
     the engines here run none of them); `dp_overlap`
     False: gradients reduced after the backward pass (Megatron-LM's local DDP of 2021)."""
-    experts = getattr(getattr(base, "moe", None), "num_experts", None)
-    if experts:
-        raise ConfigError([f"moe.num_experts={experts}: the layout search models dense layers only (EP, expert "
-                           "all-to-all and expert memory are not in perf.py / memory.py). Fix: plan a MoE recipe "
-                           "without SEARCH=1."], source="SEARCH")
     arch = getattr(getattr(base, "model", None), "arch", None)
     if arch in ENCDEC_ARCHS:
         raise ConfigError([f"model.arch={arch}: the layout search times decoder-only layers at one sequence "
@@ -176,7 +190,11 @@ def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, tp
     results: list[Result] = []
     model_impl = base.model.transformer_impl
     teacher = composed_teacher(base)
-    for layout in candidates(scratch, gpus):
+    p = base.parallel
+    uneven = (p.pipeline_model_parallel_size, p.num_layers_in_first_pipeline_stage,
+              p.num_layers_in_last_pipeline_stage) if p.num_layers_in_first_pipeline_stage or \
+        p.num_layers_in_last_pipeline_stage else None
+    for layout in candidates(scratch, gpus, uneven):
         if allow and any(getattr(layout, k) not in v for k, v in allow.items()):
             continue
         counts["enumerated"] += 1
@@ -228,7 +246,9 @@ def as_dict(r: Result) -> dict:
 
 def describe(lay: Layout, dp: int) -> str:
     opt = f"ZeRO-{lay.zero}" if lay.engine == "deepspeed" else ("dist-opt" if lay.dist_opt else "DDP")
-    return (f"{lay.engine} TP={lay.tp} PP={lay.pp} VPP={lay.vpp or '-'} CP={lay.cp} DP={dp} EP=1 "
+    split = f" ({lay.first}+...+{lay.last} layers)" if lay.first or lay.last else ""
+    etp = f" ETP={lay.etp}" if lay.etp is not None else ""
+    return (f"{lay.engine} TP={lay.tp} PP={lay.pp}{split} VPP={lay.vpp or '-'} CP={lay.cp} DP={dp} EP={lay.ep}{etp} "
             f"SP={'on' if lay.sp else 'off'} {opt} mbs={lay.mbs} recompute={lay.recompute or 'none'}")
 
 
@@ -246,8 +266,8 @@ def render(recipe: str, found: dict) -> str:
                      f"memory {r.memory['total']:.1f} GiB (weights {r.memory['weights']:.1f}, grads "
                      f"{r.memory['grads']:.1f}, optimizer {r.memory['optimizer']:.1f}, activations "
                      f"{r.memory['activations']:.1f})")
-        parts = ("gemm", "attention", "elementwise", "head", "tp_comm", "cp_comm", "pp_p2p", "bubble", "dp_comm",
-                 "optimizer")
+        parts = ("gemm", "attention", "elementwise", "head", "tp_comm", "cp_comm") + \
+            (("ep_comm",) if t["ep_comm"] else ()) + ("pp_p2p", "bubble", "dp_comm", "optimizer")
         lines.append("   " + ", ".join(f"{k} {t[k]:.3f}" for k in parts) + f" s (recompute share {t['recompute']:.3f})")
         lines.append(f"   OVERRIDES='{' '.join(r.overrides)}'")
     return "\n".join(lines)
