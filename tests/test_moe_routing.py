@@ -183,3 +183,33 @@ def test_a_resumed_run_keeps_the_expert_bias(aux_free_runs, aux_free_resumed):
     assert [r["step"] for r in resumed] == list(range(SAVE_AT + 1, STEPS + 1))
     assert [(r["loss"], r["moe_layers"], r["moe_bias_range"]) for r in resumed] == \
         [(r["loss"], r["moe_layers"], r["moe_bias_range"]) for r in uninterrupted]
+
+
+def test_a_skipped_step_puts_the_expert_bias_back(single_rank_megatron):
+    """megatron-core moves the expert bias in finalize_model_grads, before the optimizer decides; a step the loop
+    rejects (here a non-finite loss, as fault.nan_at_step makes) must leave routing as it was. One process, the
+    real engine and router; mock data."""
+    import math
+
+    from pretrain.data.datasets import StepBatches, build_datasets
+    from pretrain.engines.megatron.engine import MegatronEngine
+    cfg = load_recipe("moe-tiny", TINY + BIAS + [f"moe.expert_bias_update_rate={RATE}", "data=mock",
+                                                 "cluster.devices_per_node=1", "parallel=single",
+                                                 "batch.global_batch_size=8", "batch.micro_batch_size=4",
+                                                 "model.num_layers=2"])
+    engine = MegatronEngine(cfg)
+    train, _, _ = build_datasets(engine.cfg, 24, 1, 1)
+    data = StepBatches(train, 4, 0, 1)
+    finite = lambda loss, grad_norm: math.isfinite(loss) and math.isfinite(grad_norm)   # noqa: E731
+    biases = lambda: [r.expert_bias.clone() for r in engine.moe_stats.biased]          # noqa: E731
+    assert len(engine.moe_stats.biased) == 2
+    first = engine.train_step(data.micro_batches(0, 8), 1e-3, approve=finite)
+    before = biases()
+    assert not first.skipped and all(b.abs().max() == RATE for b in before)            # moved by +-rate
+    poisoned = data.micro_batches(8, 8)
+    for mb in poisoned:
+        mb["loss_mask"] = mb["loss_mask"].float() * float("nan")
+    assert engine.train_step(poisoned, 1e-3, approve=finite).skipped
+    assert all(torch.equal(a, b) for a, b in zip(biases(), before, strict=True))       # put back exactly
+    assert not engine.train_step(data.micro_batches(16, 8), 1e-3, approve=finite).skipped
+    assert not all(torch.equal(a, b) for a, b in zip(biases(), before, strict=True))   # and it moves again
