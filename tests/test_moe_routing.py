@@ -2,17 +2,15 @@
 expert bias, the top-k scaling factor (megatron-core 0.16.1's TopKRouter and finalize_model_grads).
 
 Unit tier: the mapping to TransformerConfig, the compose-time refusals, megatron-core's router built directly.
-Training (shared runs, one process): moe-tiny with expert-bias routing and with aux-loss routing on the same
-steps and data; the bias run saves at step SAVE_AT and a new launch resumes it.
+The engine puts the bias back after a skipped step. Training with it (bias vs aux loss on the same steps, resume,
+EP=2 and TP=2): tests/test_deepseek_tiny.py.
 """
-import shutil
 
 import pytest
 import torch
 
 from common.config import ConfigError
 from pretrain.config.compose import load_recipe
-from tests.training import STEPS, shared_runs
 
 SIGMOID = ["moe.score_function=sigmoid"]
 BIAS = SIGMOID + ["moe.expert_bias=true", "moe.load_balancing=none"]
@@ -137,52 +135,10 @@ def test_expert_bias_moves_toward_an_even_load(single_rank_megatron):
     assert r.local_tokens_per_expert.eq(0).all() and "expert_bias" in r.sharded_state_dict()
 
 
-# ---- training: expert bias vs aux loss on moe-tiny, and resume ------------------------------------------------
+# ---- the expert bias in the engine (training with it: tests/test_deepseek_tiny.py) ----------------------------
 TINY = ["model=moe-tiny", "moe.num_experts=4", "moe.router_topk=2", "moe.z_loss_coeff=1e-3",
         "moe.dispatcher=allgather", "optim.lr=1e-4", "optim.min_lr=1e-5"] + SIGMOID
 RATE = 1e-2            # DeepSeek-V3's 1e-3 moves too little in 20 steps here (docs/moe.md)
-SAVE_AT = 15
-
-
-@shared_runs(nproc=1)
-def aux_free_runs(root, runs):
-    """The same 20 steps and data: the expert bias alone (no aux loss) and a Switch aux loss of 1e-2."""
-    return {"bias": TINY + BIAS + [f"moe.expert_bias_update_rate={RATE}", f"checkpoint.save_interval={SAVE_AT}"],
-            "aux": TINY + ["moe.load_balancing=aux_loss", "moe.aux_loss_coeff=1e-2"]}
-
-
-@shared_runs(nproc=1, needs=["aux_free_runs"])
-def aux_free_resumed(root, runs):
-    """The bias run continued from its step-SAVE_AT checkpoint in a new launch."""
-    ckpt = runs["aux_free_runs"].root / "bias" / "checkpoints" / f"step_{SAVE_AT:08d}"
-    shutil.copytree(ckpt, root / "resume" / "checkpoints" / ckpt.name)
-    return {"resume": TINY + BIAS + [f"moe.expert_bias_update_rate={RATE}"]}
-
-
-def ratio(record) -> float:
-    return record["moe_load_max"] / record["moe_load_min"]
-
-
-@pytest.mark.slow
-def test_expert_bias_balances_better_than_the_aux_loss(aux_free_runs):
-    bias, aux = aux_free_runs("bias"), aux_free_runs("aux")
-    assert len(bias) == len(aux) == STEPS and "moe_load_balancing_loss" not in bias[-1]
-    assert bias[0]["loss"] == aux[0]["loss"] and ratio(bias[0]) == ratio(aux[0])     # same start, same data
-    # measured: 1.69 vs 35.2 at step 20; the last 5 steps at most 4.7 vs at least 31.2
-    assert ratio(bias[-1]) < 3 < 10 < ratio(aux[-1])
-    assert max(map(ratio, bias[-5:])) < min(map(ratio, aux[-5:]))
-    assert 0 < bias[0]["moe_bias_range"] <= 2 * RATE + 1e-9 and bias[-1]["moe_bias_range"] > 2 * RATE
-    assert abs(bias[-1]["loss"] - aux[-1]["loss"]) < 0.01                  # the language model learns alike
-
-
-@pytest.mark.slow
-def test_a_resumed_run_keeps_the_expert_bias(aux_free_runs, aux_free_resumed):
-    """The bias is a persistent buffer in the router's sharded state dict: restored, the routing and the losses
-    continue bitwise (a bias reset to 0 would route otherwise)."""
-    uninterrupted, resumed = aux_free_runs("bias")[SAVE_AT:], aux_free_resumed("resume")
-    assert [r["step"] for r in resumed] == list(range(SAVE_AT + 1, STEPS + 1))
-    assert [(r["loss"], r["moe_layers"], r["moe_bias_range"]) for r in resumed] == \
-        [(r["loss"], r["moe_layers"], r["moe_bias_range"]) for r in uninterrupted]
 
 
 def test_a_skipped_step_puts_the_expert_bias_back(single_rank_megatron):
