@@ -3,7 +3,7 @@
 Unit tests build a tiny GPTModel with megatron-core's MTP block on CPU: the tracked MTP loss equals the
 (i+2)-th token cross-entropy computed by hand from the MTP block's output, the gradient the model trains is that
 of main + weight * MTP, the planner counts the built model, and the combinations that do not work are refused.
-The slow test trains gpt-tiny with MTP at TP=2 and on one process and compares them step by step."""
+The slow tests train gpt-tiny with MTP at TP=2, at PP=2 and on one process and compare them step by step."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -118,7 +118,12 @@ def test_the_planner_counts_the_built_mtp_layers(one_rank, recipe, depth):
 
 
 REFUSED = {
-    "pipeline": (["parallel=pp2"], "model.mtp_num_layers=1 with parallel.pipeline_model_parallel_size=2"),
+    "learned_positions_pp": (["parallel=pp2"], "parallel.pipeline_model_parallel_size=2 and "
+                             "model.position_embedding_type=learned_absolute"),
+    "embedding_norm_pp": (["parallel=pp2", "model.position_embedding_type=rope", "model.embedding_layernorm=true"],
+                          "parallel.pipeline_model_parallel_size=2 and model.embedding_layernorm"),
+    "vpp": (["parallel=pp2", "model.position_embedding_type=rope", "parallel.virtual_pipeline_model_parallel_size=2"],
+            "with parallel.virtual_pipeline_model_parallel_size=2"),
     "deepspeed": (["parallel=ds-zero1"], "with parallel.engine=deepspeed"),
     "z_loss": (["model.z_loss_coeff=1e-4"], "with model.z_loss_coeff=0.0001"),
     "document_mask": (["data.document_mask=true"], "with data.document_mask=true"),
@@ -142,16 +147,21 @@ def test_mtp_off_is_the_default_and_zero_is_off():
         assert mtp_config(cfg) == {}
 
 
+ROPE = ["schedule.train_iters=8", "model.position_embedding_type=rope", "checkpoint.save_final=true", *MTP]
+
+
 @shared_runs(nproc=2)
 def mtp_tp2(root, runs):
-    """gpt-tiny with one MTP depth at TP=2, 8 steps."""
-    return {"tp2": ["parallel=tp2", "schedule.train_iters=8", *MTP]}
+    """gpt-tiny with one MTP depth at TP=2, 8 steps; and at PP=2 (tied embeddings: the last stage's MTP holds
+    the word-embedding copy) with RoPE (learned positions are refused at PP>1), saving its checkpoint."""
+    return {"tp2": ["parallel=tp2", "schedule.train_iters=8", *MTP], "pp2": ["parallel=pp2", *ROPE]}
 
 
 @shared_runs(nproc=1)
 def mtp_single(root, runs):
     """The same 8 steps on one process, and without MTP (the main loss differs only through training)."""
-    return {"one": ["schedule.train_iters=8", "checkpoint.save_final=true", *MTP], "off": ["schedule.train_iters=8"]}
+    return {"one": ["schedule.train_iters=8", "checkpoint.save_final=true", *MTP], "off": ["schedule.train_iters=8"],
+            "rope": ROPE}
 
 
 @pytest.mark.slow
@@ -163,6 +173,34 @@ def test_mtp_at_tp2_equals_one_process(mtp_tp2, mtp_single):
         assert a["mtp_loss"] == pytest.approx(b["mtp_loss"], abs=1e-5)
     assert one[0]["loss"] == pytest.approx(off[0]["loss"], abs=1e-6)   # `loss` is the main next-token loss
     assert one[-1]["mtp_loss"] < one[0]["mtp_loss"]                      # the MTP head learns
+
+
+@pytest.mark.slow
+def test_mtp_at_pp2_equals_one_process_and_its_checkpoint_holds_the_same_weights(mtp_tp2, mtp_single):
+    """loss and mtp_loss (broadcast from the last stage, where the MTP layers are) match one process; the PP=2
+    checkpoint (embedding copy on the last stage, no dead output weight) holds the one-process weights."""
+    from pretrain.checkpoint.store import resolve
+    from pretrain.hf.convert import config_of, model_state
+    from pretrain.model.inventory import stage_tensors
+    from pretrain.observability.banner import human
+
+    def load_full_state(path):                # the export's load: any layout's checkpoint read at TP=PP=1
+        ck = resolve(path)
+        return model_state(ck, config_of(ck))
+    pp2, one = mtp_tp2("pp2"), mtp_single("rope")
+    assert len(pp2) == len(one) == 8 and one[-1]["mtp_loss"] < one[0]["mtp_loss"]
+    for a, b in zip(pp2, one, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["mtp_loss"] == pytest.approx(b["mtp_loss"], abs=1e-5)
+    cfg = load_recipe("gpt-tiny", ["data=mock", "parallel=pp2", *ROPE])     # the planner: MTP on the last stage
+    stages = [human(sum(t.numel for t in stage)) for stage in stage_tensors(cfg)]
+    banner = (mtp_tp2.root / "pp2.rank1.log").read_text()    # the last rank prints the built per-rank counts
+    assert f"per rank {stages[0]} - {stages[1]}" in banner and stages == ["1.68M", "2.2M"]
+    got, want = load_full_state(mtp_tp2.root / "pp2" / "checkpoints"), load_full_state(mtp_single.root / "rope" /
+                                                                                          "checkpoints")
+    assert got.keys() == want.keys() and any(k.startswith("mtp.") for k in got)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-5, msg=name)
 
 
 def test_export_drops_the_mtp_layers_by_name_and_count(one_rank):

@@ -26,10 +26,19 @@ def mtp_problems(cfg, add) -> None:
     if p.engine != "megatron":
         add(f"{why} with parallel.engine={p.engine}: only the megatron engine reads MTP's loss tracker and sets "
             "its gradient scale. Fix: parallel.engine=megatron, or model.mtp_num_layers=0.")
-    if p.pipeline_model_parallel_size > 1 or p.virtual_pipeline_model_parallel_size:
-        add(f"{why} with parallel.pipeline_model_parallel_size={p.pipeline_model_parallel_size}: megatron-core "
-            "puts the MTP layers on the last stage (with a second embedding copy), which this repo's MTP loss "
-            "logging and planner do not follow yet. Fix: PP=1, or model.mtp_num_layers=0.")
+    if p.virtual_pipeline_model_parallel_size:
+        add(f"{why} with parallel.virtual_pipeline_model_parallel_size={p.virtual_pipeline_model_parallel_size}: "
+            "megatron-core 0.16.1 puts MTP in the last virtual chunk, which is not tested here. Fix: "
+            "parallel.virtual_pipeline_model_parallel_size=null, or model.mtp_num_layers=0.")
+    if p.pipeline_model_parallel_size > 1 and m.position_embedding_type == "learned_absolute":
+        add(f"{why} with parallel.pipeline_model_parallel_size={p.pipeline_model_parallel_size} and "
+            "model.position_embedding_type=learned_absolute: megatron-core 0.16.1 gives the last stage's MTP its "
+            "own position-embedding table, tied to the first stage's neither in gradient nor in checkpoint (only "
+            "the word embeddings are). Fix: position_embedding_type=rope, PP=1, or model.mtp_num_layers=0.")
+    if p.pipeline_model_parallel_size > 1 and m.embedding_layernorm:
+        add(f"{why} with parallel.pipeline_model_parallel_size={p.pipeline_model_parallel_size} and "
+            "model.embedding_layernorm: the last stage's embedding copy that MTP uses has no embedding norm. "
+            "Fix: PP=1, or model.mtp_num_layers=0.")
     if p.context_parallel_size > 1:
         add(f"{why} with parallel.context_parallel_size={p.context_parallel_size}: not tested here (CPU has no CP). "
             "Fix: CP=1, or model.mtp_num_layers=0.")

@@ -21,7 +21,7 @@ from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from . import fusions
 from .mla_attention import use_latent_attention
-from .mtp import mtp_block_spec, mtp_config
+from .mtp import fit_mtp_stage, mtp_block_spec, mtp_config
 
 
 def has_transformer_engine() -> bool:
@@ -178,6 +178,7 @@ def add_embedding_norm(model: GPTModel, cfg: JobConfig, config: TransformerConfi
 def build_gpt_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: bool = True,
                     post_process: bool = True, vp_stage: Optional[int] = None) -> GPTModel:
     model = _gpt_model(cfg, config, pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
+    fit_mtp_stage(model)                    # model.mtp_num_layers under PP>1 (model/mtp.py)
     if cfg.model.embedding_layernorm and pre_process:
         add_embedding_norm(model, cfg, config)
     return model

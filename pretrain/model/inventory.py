@@ -17,7 +17,7 @@ from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from .hf_mapping import TE_NAMES
 from .inventory_encdec import ENCDEC_ARCHS, encdec_count_params, encdec_flops_per_token, encdec_tensors
-from .inventory_mtp import mtp_depth, mtp_tensors
+from .inventory_mtp import mtp_depth, mtp_stage_embedding, mtp_tensors
 from .mla import mla_attention_flops, mla_attention_tensors
 from .tensors import Tensor
 from .tensors import mlp_tensors as _mlp
@@ -109,6 +109,7 @@ def stage_tensors(cfg: JobConfig) -> list[list[Tensor]]:
             tied_copy = pp > 1 and not cfg.model.untie_embeddings_and_output_weights
             tensors = tensors + head_tensors(cfg, tied_copy=tied_copy)
             tensors += mtp_tensors(cfg, per_kind[kinds[-1]])      # model.mtp_num_layers: on the last stage
+            tensors += mtp_stage_embedding(cfg)                    # and its embedding copy (inventory_mtp.py)
         stages.append(tensors)
     return stages
 
