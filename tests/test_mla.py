@@ -5,6 +5,7 @@ from common.config import ConfigError
 from pretrain.config.compose import load_recipe
 from pretrain.model.inventory import count_params, flops_per_token
 from pretrain.model.mla import kv_cache_bytes_per_token
+from pretrain.plan.estimate import make_plan
 
 # llama-tiny with MLA: 6 heads, query latent 48, key/value latent 32, 24 + 8 scored dims, 16 value dims
 TINY_MLA = ["model.num_layers=2", "model.num_query_groups=null", "model.mla.enabled=true", "model.mla.q_lora_rank=48",
@@ -63,11 +64,16 @@ def test_deepseek_v3_plan_counts_are_the_published_ones():
     norms = 2 * h
     total = (layers * (attention + norms) + 3 * dense_mlp + 58 * moe_layer + 2 * vocab * h + h)
     active = total - 58 * 248 * expert
-    assert (params["total"], params["active"]) == (total, active) == (671_026_404_352, 37_552_282_624)
-    assert params["total"] == pytest.approx(671e9, rel=0.01)
+    # the MTP layer (an MoE layer, its 2h -> h projection, 3 norms; the embedding and head shared) is not in 671B
+    mtp = attention + norms + moe_layer + 2 * h * h + 3 * h
+    assert params["mtp"] == mtp == 11_610_067_968 and params["total"] == total + mtp
+    plan = make_plan(cfg)["moe"]
+    assert (total, plan["params_active_main"]) == (total, active) == (671_026_404_352, 37_552_282_624)
+    assert total == pytest.approx(671e9, rel=0.01)
     # DeepSeek's "37B activated" is rounded down: 37.55B counting the embedding and output head (as every
     # recipe's active count here does, e.g. Mixtral's 12.9B), 36.63B without the embedding lookup.
-    assert params["active"] == pytest.approx(37e9, rel=0.015)
+    assert plan["params_active_main_without_embedding"] == active - vocab * h
+    assert active == pytest.approx(37e9, rel=0.015)
     # per token in bf16, all layers: the 512 latent + 64 rotary key vs 128 heads x (192 key + 128 value) dims
     assert kv_cache_bytes_per_token(cfg) == {"mla": 576 * 61 * 2, "mha": 128 * 320 * 61 * 2}
     attn = 12 * 4096 * 61 * heads * (192 + 128) // 2

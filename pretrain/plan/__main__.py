@@ -35,7 +35,9 @@ def render(plan: dict) -> str:
     lines = [
         f"plan for {plan['recipe']}",
         f"  parameters        {plan['params']:,} ({human(plan['params'])}; non-embedding "
-        f"{plan['params_non_embedding']:,})",
+        f"{plan['params_non_embedding']:,}" + (f"; the main model {plan['params'] - plan['params_mtp']:,} "
+                                               f"({human(plan['params'] - plan['params_mtp'])}) + MTP layers "
+                                               f"{plan['params_mtp']:,}" if plan.get("params_mtp") else "") + ")",
         f"  layout            {lay['engine']} TP={lay['tp']} PP={lay['pp']} CP={lay['cp']} DP={lay['dp']} "
         f"SP={lay['sp']} " + ("FSDP2 (params, grads, optimizer states / DP)" if lay.get("sharding") == "fsdp2"
                               else f"ZeRO={lay['zero']}") + f" recompute={lay['recompute']} {lay['precision']}",
@@ -63,8 +65,11 @@ def render(plan: dict) -> str:
         moe = plan["moe"]
         lines.insert(2, f"  MoE               {moe['experts']} experts, top-{moe['router_topk']}, "
                         f"{moe['moe_layers']} MoE layers; {moe['params_active']:,} active per token "
-                        f"({human(moe['params_active'])}; {human(moe['params_active_matmul'])} without the input "
-                        f"embedding, a lookup); EP="
+                        f"({human(moe['params_active'])}"
+                        + (f"; the main model {human(moe['params_active_main'])}"
+                           if moe["params_active_main"] != moe["params_active"] else "")
+                        + f"; {human(moe['params_active_main_without_embedding'])} without the input embedding, "
+                        f"a lookup); EP="
                         f"{moe['expert_parallel']} ({moe['dispatcher']}): "
                         f"{moe['token_exchange_bytes_per_rank_per_step'] / 2**30:.2f} GiB exchanged per rank per step")
     if "mla" in plan:

@@ -16,8 +16,10 @@ same time: seconds = max(intra / NVLink, inter / IB) + one latency per collectiv
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..config.schema import JobConfig
-from ..model.inventory import layer_kinds
+from ..model.inventory import count_params, layer_kinds
 from .hardware import COLLECTIVE_LATENCY_S
 
 
@@ -50,7 +52,10 @@ def moe_plan(cfg: JobConfig, params: dict) -> dict:
     ep = p.expert_model_parallel_size
     layers = sum(layer_kinds(cfg))
     per_step = exchange_bytes_per_layer(cfg) * layers / p.pipeline_model_parallel_size * d.num_microbatches
+    # what papers quote: the main model's active parameters (DeepSeek-V3's 37B leaves its MTP module out)
+    main = count_params(replace(cfg, model=replace(cfg.model, mtp_num_layers=None))) if params["mtp"] else params
     return {"experts": moe.num_experts, "router_topk": moe.router_topk, "moe_layers": layers,
-            "params_active": params["active"], "params_active_matmul": params["matmul"], "expert_parallel": ep,
+            "params_active": params["active"], "params_active_main": main["active"],
+            "params_active_main_without_embedding": main["active"] - main["embedding"], "expert_parallel": ep,
             "dispatcher": moe.dispatcher,
             "token_exchange_bytes_per_rank_per_step": per_step}
