@@ -11,6 +11,7 @@ from threadpoolctl import threadpool_limits
 
 from preprocessing.evalsets import DEFAULT_BIGBENCH
 from tests import training
+from tests.rank_pool import close_session_pool
 from tests.training import SETS, SessionRuns
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,7 +165,9 @@ def start_slurm_cluster() -> None:
 
 
 def pytest_sessionfinish(session):
-    """A cluster started for test_slurm.py whose tests never ran (an aborted session) is stopped here."""
+    """A cluster started for test_slurm.py whose tests never ran (an aborted session) is stopped here, and the
+    spawned-rank tests' shared ranks (tests/rank_pool.py) end with the session."""
+    close_session_pool()
     thread = PREFETCH.get("slurm")
     if thread is not None:
         thread.join()

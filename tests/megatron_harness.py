@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from tests.conftest import free_port
+from tests.rank_pool import TASK_TIMEOUT_S, session_pool
 
 
 def tiny_config(overrides=(), recipe: str = "gpt-tiny"):
@@ -51,9 +52,8 @@ def batch(cfg, rows: int = 2, seed: int = 0) -> dict:
             "loss_mask": torch.ones(rows, seq), "position_ids": torch.arange(seq).expand(rows, seq).contiguous()}
 
 
-def spawn(fn, *args, nprocs: int = 2) -> dict:
-    """Run fn(rank, port, out, *args) on `nprocs` spawned processes; returns what each put in `out`."""
-    import torch.multiprocessing as mp
-    out = mp.Manager().dict()
-    mp.spawn(fn, args=(free_port(), out, *args), nprocs=nprocs, join=True)
-    return dict(out)
+def spawn(fn, *args, nprocs: int = 2, timeout: float = TASK_TIMEOUT_S) -> dict:
+    """Run fn(rank, port, out, *args) on the session's `nprocs` rank processes (tests/rank_pool.py: started once,
+    shared by every spawned-rank test); returns what each put in `out`. A fresh port each call: init_ranks
+    uses it only where the rank has no gloo group yet (its first task, or the one after a failed task)."""
+    return session_pool(nprocs).run(fn, args, free_port(), timeout)

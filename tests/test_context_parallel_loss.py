@@ -7,16 +7,16 @@ gradient of that mean (token_mean_loss on the whole sequence in one process)."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pretrain.engines.common import context_parallel_loss, token_mean_loss
-from tests.conftest import free_port
+from tests.megatron_harness import spawn
 
 SEQ = 16
 
 
 def _rank(rank: int, port: int, out: dict) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    if not dist.is_initialized():           # the session's ranks keep their group between tests
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     from megatron.core.utils import get_batch_on_this_cp_rank
     gen = torch.Generator().manual_seed(0)
     losses = torch.rand(2, SEQ, generator=gen)                        # per-token losses of 2 sequences
@@ -31,14 +31,12 @@ def _rank(rank: int, port: int, out: dict) -> None:
     dist.all_reduce(grad)
     grad /= 2                                                         # DDP's average over DP x CP
     out[rank] = (reported["lm loss"].item(), grad, sorted(mine["ids"][0].tolist()))
-    dist.destroy_process_group()
 
 
 @pytest.mark.slow           # 2 spawned processes importing megatron-core: ~8 s
 @pytest.mark.beside_training
 def test_context_parallel_loss_is_the_whole_sequences_mean_and_its_gradient():
-    out = mp.Manager().dict()
-    mp.spawn(_rank, args=(free_port(), out), nprocs=2, join=True)
+    out = spawn(_rank)
     gen = torch.Generator().manual_seed(0)
     losses = torch.rand(2, SEQ, generator=gen)
     mask = (torch.rand(2, SEQ, generator=gen) > 0.3).float()

@@ -18,6 +18,7 @@ from tests.training import STEPS, shared_runs
 DS = ["recipe=deepseek-tiny", "optim.lr=1e-4", "optim.min_lr=1e-5"]
 AUX = ["moe.expert_bias=false", "moe.load_balancing=aux_loss", "moe.aux_loss_coeff=1e-2"]
 SAVE_AT = 15
+LAYOUT_STEPS = 10       # of the reference's 20: a deepseek-tiny step at TP=2 costs ~2.5 gpt-tiny steps on 2 cores
 
 
 @shared_runs(nproc=1)
@@ -39,9 +40,11 @@ def deepseek_resumed(root, runs):
 @shared_runs(nproc=2)
 def deepseek_layouts(root, runs):
     """The recipe's EP=2 (alltoall), and TP=2 (sequence parallel: megatron-core's MoE needs it under TP) with whole
-    experts on each rank (expert TP 1). The EP=2 run saves its last step (the export test)."""
-    return {"ep2": DS + ["checkpoint.save_final=true"],
-            "tp2": DS + ["parallel=tp2-sp", "parallel.expert_tensor_parallel_size=1"]}
+    experts on each rank (expert TP 1), the first LAYOUT_STEPS steps. The EP=2 run saves its last step (the export
+    test)."""
+    short = [f"schedule.train_iters={LAYOUT_STEPS}", f"schedule.lr_decay={STEPS}"]      # the first steps of 20
+    return {"ep2": DS + short + ["checkpoint.save_final=true"],
+            "tp2": DS + short + ["parallel=tp2-sp", "parallel.expert_tensor_parallel_size=1"]}
 
 
 def test_the_recipe_holds_every_choice_and_counts_its_mtp_layer():
@@ -56,14 +59,14 @@ def test_the_recipe_holds_every_choice_and_counts_its_mtp_layer():
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["ep2", "tp2"])
 def test_expert_and_tensor_parallel_equal_one_process(deepseek_reference, deepseek_layouts, layout):
-    ref, ours = deepseek_reference("one"), deepseek_layouts(layout)
-    assert len(ours) == STEPS and ref[-1]["loss"] < ref[0]["loss"] - 0.3                # it learns
+    ref, ours = deepseek_reference("one")[:LAYOUT_STEPS], deepseek_layouts(layout)
+    assert len(ours) == LAYOUT_STEPS and ref[-1]["loss"] < ref[0]["loss"] - 0.2         # it learns (8.36 -> 8.02)
     # the MTP layer is the fifth MoE layer: megatron-core numbers it after the main four
     assert sorted(ours[0]["moe_layers"]) == ["2", "3", "4", "5"] and "mtp_loss" in ours[0]
     for r, q in zip(ref, ours, strict=True):
         assert abs(q["mtp_loss"] - r["mtp_loss"]) < (1e-5 if r["moe_layers"] == q["moe_layers"] else 1e-3)
-    # measured: EP=2 routed alike at all 20 steps (losses within 2.4e-7); TP=2 through step 19 (4.8e-7), then 8.3e-6
-    assert_equal_where_routed_alike(ours, ref, 1e-5, routed_alike_through=STEPS // 2)
+    # measured over 20 steps: EP=2 routed alike at all (losses within 2.4e-7); TP=2 through step 19 (4.8e-7)
+    assert_equal_where_routed_alike(ours, ref, 1e-5, routed_alike_through=LAYOUT_STEPS - 2)
 
 
 def ratio(record) -> float:
@@ -89,7 +92,8 @@ def test_the_ep2_checkpoint_exports_to_deepseek_v3_with_equal_logits(deepseek_la
 
     from tests.test_export import check_parity
     deepseek_layouts("ep2")
-    exported, _ = check_parity(deepseek_layouts.root / "ep2" / "checkpoints" / f"step_{STEPS:08d}", tmp_path / "hf")
+    exported, _ = check_parity(deepseek_layouts.root / "ep2" / "checkpoints" / f"step_{LAYOUT_STEPS:08d}",
+                               tmp_path / "hf")
     hf = json.loads((exported / "config.json").read_text())
     assert hf["architectures"] == ["DeepseekV3ForCausalLM"] and hf["num_experts_per_tok"] == 4
     meta = json.loads((exported / "export.json").read_text())

@@ -232,7 +232,7 @@ class SessionRuns:
     run meanwhile on the core the launches leave idle. A test's `get` waits for its set, which is handed over
     as soon as its own jobs have ended (tests/run_jobs.py marks each), not when the rest of its launch has."""
 
-    def __init__(self, base, wanted, timeout=840):
+    def __init__(self, base, wanted, timeout=1500):     # a hung launch; ~600 s alone on CI's 2 cores
         self.base, self.timeout = base, timeout
         self.wanted = with_needs(n for n in wanted if n in SETS)
         self.done, self.failed, self.launched = {}, {}, []       # launched: the sets of each launch, in order
