@@ -5,9 +5,13 @@ final.json: a crash leaves the old file or none, and a `<name>.tmp` beside it.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Dict, Iterator
 
 
 def fsync_dir(path: Path | str) -> None:
@@ -58,3 +62,22 @@ def replace_dir(tmp: Path | str, out: Path | str, ours: str) -> None:
     os.replace(tmp, out)
     fsync_dir(out.parent)
     shutil.rmtree(old)
+
+
+_HELD: Dict[str, threading.Lock] = {}
+_HELD_GUARD = threading.Lock()
+
+
+@contextmanager
+def exclusive(path: Path | str) -> Iterator[None]:
+    """Hold `path` (a lock file, created if missing) against other processes and other threads of this one.
+    POSIX record locks (lockf), not flock: a process forked while a thread holds a flock shares the open file and
+    keeps the lock for its whole life (a test session's forked checkpoint Manager held the BIG-bench download
+    lock so, and `make preprocess` waited forever); a record lock belongs to the process that took it and is not
+    inherited. Record locks do not exclude threads of one process, so a per-path thread lock does that."""
+    key = os.path.abspath(path)
+    with _HELD_GUARD:
+        here = _HELD.setdefault(key, threading.Lock())
+    with here, open(path, "a") as f:
+        fcntl.lockf(f, fcntl.LOCK_EX)          # released when this process closes the file, also on an error
+        yield

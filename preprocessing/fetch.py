@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import re
 import subprocess
@@ -22,6 +21,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 from typing import Iterator, List
+
+from common.files import exclusive
 
 from .records import write_jsonl
 
@@ -43,8 +44,7 @@ def download(spec: str, kind: str, cache: Path = CACHE) -> Path:
     def found() -> List[Path]:
         return [p for p in cache.glob("*") if p.name.lower().replace("-", "_").startswith(f"{stem}_{version}")]
     cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f".{stem}-{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(cache / f".{stem}-{version}.lock"):
         if not found():
             flag = ["--no-binary", ":all:"] if kind == "sdist" else ["--only-binary", ":all:"]
             subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",

@@ -13,7 +13,6 @@ each array, `<name>.json` holds its key, to tell by eye what an index was built 
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Callable, Optional, Tuple
 
 import numpy as np
+
+from common.files import exclusive
 
 from ..data.datasets import data_version
 
@@ -53,8 +54,7 @@ def cached_index(directory: Optional[Path], key: dict, build: Callable[[], np.nd
     if path.is_file():
         return np.load(path, allow_pickle=False), "loaded"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)            # released when the file closes, also on an exception
+    with exclusive(path.with_suffix(".lock")):     # released when it ends, also on an exception
         if path.is_file():                          # another process built it while this one waited
             return np.load(path, allow_pickle=False), "loaded"
         index = np.ascontiguousarray(build())

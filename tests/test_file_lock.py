@@ -1,0 +1,60 @@
+"""common.files.exclusive: the lock file that preprocessing's downloads and the objectives' index caches take.
+
+The fault it exists for, as it happened: a test session's thread held the BIG-bench download lock (then a flock)
+while the checkpoint code forked its results Manager in the same process; the forked server kept the lock for
+the session's whole life and `make preprocess`, in another process, waited on it forever."""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from common.files import exclusive
+from tests.conftest import REPO
+
+TAKE = "import sys; from common.files import exclusive\nwith exclusive(sys.argv[1]):\n    print('taken')"
+
+
+def other_process_takes(path, wait: float) -> bool:
+    """Whether another process gets the lock within `wait` seconds."""
+    try:
+        out = subprocess.run([sys.executable, "-c", TAKE, str(path)], capture_output=True, text=True, timeout=wait,
+                             cwd=REPO, check=True)
+    except subprocess.TimeoutExpired:
+        return False
+    return out.stdout.strip() == "taken"
+
+
+def test_a_child_forked_while_the_lock_is_held_does_not_keep_it(tmp_path):
+    lock = tmp_path / ".x.lock"
+    with exclusive(lock):
+        assert not other_process_takes(lock, wait=1.5)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:                       # the forked child lives on, as a Manager server does
+            os.close(write)
+            os.read(read, 1)
+            os._exit(0)
+        os.close(read)
+    try:
+        assert other_process_takes(lock, wait=30)          # released though the child still runs
+    finally:
+        os.write(write, b"x")
+        os.waitpid(pid, 0)
+
+
+def test_threads_of_one_process_take_turns(tmp_path):
+    lock, inside, most = tmp_path / ".y.lock", [0], [0]
+
+    def work():
+        with exclusive(lock):
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            time.sleep(0.02)
+            inside[0] -= 1
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
