@@ -19,6 +19,7 @@ from common.paths import RECIPES_DIR
 
 from .config.compose import finalize, from_yaml, to_yaml
 from .config.schema import JobConfig
+from .dist import release_subgroups
 from .engines.registry import create_engine
 from .loop import RunStopped, Trainer
 from .observability.banner import run_banner
@@ -46,6 +47,9 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
     finally:
         engine.close() if keep_process_group else engine.shutdown()
         lock.release()
+        if keep_process_group:
+            del engine
+            release_subgroups()
 
 
 def _train(job: JobConfig, engine, run_dir: Path) -> int:

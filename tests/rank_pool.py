@@ -42,6 +42,9 @@ def _clean_state(initial_seed: int | None) -> None:
     ps = sys.modules.get("megatron.core.parallel_state")
     if ps is not None and ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
+    if "pretrain.dist" in sys.modules or ps is not None:      # megatron's groups and their gloo threads
+        from pretrain.dist import release_subgroups
+        release_subgroups()
 
 
 def _drop_group() -> None:
