@@ -147,8 +147,12 @@ def test_a_skipped_step_puts_the_expert_bias_back(single_rank_megatron):
     real engine and router; mock data."""
     import math
 
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
     from pretrain.data.datasets import StepBatches, build_datasets
     from pretrain.engines.megatron.engine import MegatronEngine
+    # a class attribute of megatron-core's that an earlier engine in this process may have set in another shape
+    MoEAuxLossAutoScaler.main_loss_backward_scale = None
     cfg = load_recipe("moe-tiny", TINY + BIAS + [f"moe.expert_bias_update_rate={RATE}", "data=mock",
                                                  "cluster.devices_per_node=1", "parallel=single",
                                                  "batch.global_batch_size=8", "batch.micro_batch_size=4",
