@@ -285,7 +285,7 @@ def test_make_ckpt_info_prints_layout_and_config_diff(layout_runs):
     out = res.stdout
     assert f"step        {SAVE_AT}   tokens {SAVE_AT * 16 * 128:,}" in out
     assert "TP=2 PP=1" in out and "precision   fp32" in out and "intact" in out
-    assert "  parallel.tensor_model_parallel_size: 2 -> 1" in out and "  schedule.train_iters: 20 -> 300" in out
+    assert "  parallel.tensor_model_parallel_size: 2 -> 1" in out and f"  schedule.train_iters: {STEPS} -> 300" in out
 
 
 @pytest.mark.slow

@@ -13,12 +13,13 @@ import pytest
 from pretrain.config.compose import load_recipe
 from pretrain.model.inventory import count_params
 from tests.test_moe import assert_equal_where_routed_alike
-from tests.training import STEPS, shared_runs
+from tests.training import shared_runs
 
-DS = ["recipe=deepseek-tiny", "optim.lr=1e-4", "optim.min_lr=1e-5"]
+DS_STEPS = 20          # longer than tests.training.STEPS: the routers settle (the bias needs steps to move)
+DS = ["recipe=deepseek-tiny", "optim.lr=1e-4", "optim.min_lr=1e-5", f"schedule.train_iters={DS_STEPS}"]
 AUX = ["moe.expert_bias=false", "moe.load_balancing=aux_loss", "moe.aux_loss_coeff=1e-2"]
 SAVE_AT = 15
-LAYOUT_STEPS = 10       # of the reference's 20: a deepseek-tiny step at TP=2 costs ~2.5 gpt-tiny steps on 2 cores
+LAYOUT_STEPS = 6        # of the reference's 20: a deepseek-tiny step at TP=2 costs ~2.5 gpt-tiny steps on 2 cores
 
 
 @shared_runs(nproc=1)
@@ -42,7 +43,7 @@ def deepseek_layouts(root, runs):
     """The recipe's EP=2 (alltoall), and TP=2 (sequence parallel: megatron-core's MoE needs it under TP) with whole
     experts on each rank (expert TP 1), the first LAYOUT_STEPS steps. The EP=2 run saves its last step (the export
     test)."""
-    short = [f"schedule.train_iters={LAYOUT_STEPS}", f"schedule.lr_decay={STEPS}"]      # the first steps of 20
+    short = [f"schedule.train_iters={LAYOUT_STEPS}", f"schedule.lr_decay={DS_STEPS}"]      # the first steps of 20
     return {"ep2": DS + short + ["checkpoint.save_final=true"],
             "tp2": DS + short + ["parallel=tp2-sp", "parallel.expert_tensor_parallel_size=1"]}
 
@@ -60,7 +61,7 @@ def test_the_recipe_holds_every_choice_and_counts_its_mtp_layer():
 @pytest.mark.parametrize("layout", ["ep2", "tp2"])
 def test_expert_and_tensor_parallel_equal_one_process(deepseek_reference, deepseek_layouts, layout):
     ref, ours = deepseek_reference("one")[:LAYOUT_STEPS], deepseek_layouts(layout)
-    assert len(ours) == LAYOUT_STEPS and ref[-1]["loss"] < ref[0]["loss"] - 0.2         # it learns (8.36 -> 8.02)
+    assert len(ours) == LAYOUT_STEPS and ref[-1]["loss"] < ref[0]["loss"] - 0.15        # it learns (8.36 -> 8.16)
     # the MTP layer is the fifth MoE layer: megatron-core numbers it after the main four
     assert sorted(ours[0]["moe_layers"]) == ["2", "3", "4", "5"] and "mtp_loss" in ours[0]
     for r, q in zip(ref, ours, strict=True):
@@ -106,6 +107,6 @@ def test_a_resumed_run_keeps_the_expert_bias_mla_and_mtp(deepseek_reference, dee
     ordinary parameters: restored, routing, losses and MTP losses continue bitwise (a bias reset to 0 would route
     otherwise: measured on moe-tiny, the step-16 loss moves by 2e-4)."""
     uninterrupted, resumed = deepseek_reference("one")[SAVE_AT:], deepseek_resumed("resume")
-    assert [r["step"] for r in resumed] == list(range(SAVE_AT + 1, STEPS + 1))
+    assert [r["step"] for r in resumed] == list(range(SAVE_AT + 1, DS_STEPS + 1))
     keys = ("loss", "mtp_loss", "moe_layers", "moe_bias_range")
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in uninterrupted]

@@ -1,7 +1,7 @@
 """Mixture of Experts on megatron-core's MoELayer: config rules, parameter counts, expert parallelism.
 
 The multi-process tests train the real thing (torchrun, gloo, tests/training.py shared runs):
-moe-tiny's shapes on gpt-tiny's data, 4 experts top-2, 20 steps, fp32.
+moe-tiny's shapes on gpt-tiny's data, 4 experts top-2, tests.training.STEPS (12) steps, fp32.
 """
 import json
 
@@ -14,7 +14,7 @@ from pretrain.model.inventory import count_params
 from tests.training import STEPS, job_log, shared_runs
 
 MOE = ["model=moe-tiny", "moe.num_experts=4", "moe.router_topk=2", "moe.z_loss_coeff=1e-3"]
-SAVE_AT = 15
+SAVE_AT = 8
 
 CASES = {
     "ep_divides_experts": (["parallel.expert_model_parallel_size=2", "moe.num_experts=3"],
@@ -109,7 +109,7 @@ def moe_resumed(root, runs):
 @shared_runs(nproc=4)
 def moe_tp2_ep2(root, runs):
     """4 processes: TP=2 (sequence parallel) x EP=2 with whole experts per rank (expert TP 1), the first 8 of the
-    20 steps (same LR schedule)."""
+    STEPS steps (same LR schedule)."""
     return {"tp2-ep2": MOE + ["parallel=ep2", "parallel.tensor_model_parallel_size=2",
                               "parallel.sequence_parallel=true", "parallel.expert_tensor_parallel_size=1",
                               "schedule.train_iters=8", f"schedule.lr_decay={STEPS}"]}

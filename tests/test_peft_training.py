@@ -21,7 +21,7 @@ from tests.training import STEPS, shared_runs, training_command, training_env
 
 N = 10
 SHORT = [f"schedule.train_iters={N}", f"schedule.lr_decay={STEPS}", "eval.eval_iters=4"]
-TEACHER_STEPS = 60       # a 15-step teacher (the layout runs') is barely better than the data: KD gains ~0.003
+TEACHER_STEPS = 60       # a 15-step teacher is barely better than the data: KD gains ~0.003
 
 
 def base_of(layout_runs):

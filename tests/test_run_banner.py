@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.training import LAYOUTS
+from tests.training import LAYOUTS, STEPS
 
 ROWS = ("engine", "layout", "parameters", "precision", "fusions", "batch", "length", "data", "run dir")
 
@@ -34,7 +34,8 @@ def test_megatron_layout_runs_describe_their_layout(layout_runs):
     assert re.fullmatch(r"2\.59M total; per rank \S+ - \S+", by_dir["pp2"]["parameters"])
     assert by_dir["tp2"]["precision"] == "fp32 (precision.dtype)"
     assert by_dir["tp2"]["batch"] == "global 16 x 128 tokens; micro 4, 4 micro-batches per rank per step"
-    assert by_dir["tp2"]["length"].startswith("20 steps, 41K tokens; lr 0.001 cosine to 0.0001, warmup 5 steps")
+    assert STEPS == 12 and by_dir["tp2"]["length"].startswith("12 steps, 24.6K tokens; lr 0.001 cosine to 0.0001, "
+                                                              "warmup 5 steps")       # 12 x 16 x 128 tokens
     assert by_dir["tp2"]["length"].endswith("optimizer adamw (AdamW)")        # the kernel under the wrappers
     assert by_dir["tp2"]["fusions"] == "none (CPU)"
 

@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from pretrain.schedules import lr_at
 from tests.conftest import REPO, newest_checkpoint
-from tests.training import run_training, shared_runs, training_command, training_env
+from tests.training import STEPS, run_training, shared_runs, training_command, training_env
 
 
 @pytest.mark.slow
@@ -41,8 +42,10 @@ def events_of(run_dir):
     return [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
+SPIKE_STEPS = 20         # longer than tests.training.STEPS: a spike at 14 after a window of 8, saves every 5
 SPIKES = ["fault.nan_at_step=5", "fault.rank=1", "fault.poison_at_step=14", "stability.spike_window=8",
-          "stability.spike_ratio=1.1"]     # the poisoned step's loss is ~1.16x the window mean
+          "stability.spike_ratio=1.1",     # the poisoned step's loss is ~1.16x the window mean
+          f"schedule.train_iters={SPIKE_STEPS}", f"schedule.lr_decay={SPIKE_STEPS}"]
 
 
 ROLLBACK = SPIKES[2:] + ["stability.spike_policy=rollback", "stability.rollback_after=1", "checkpoint.save_interval=5",
@@ -56,7 +59,8 @@ def spike_runs(root, runs):
     return {"skip": SPIKES + ["stability.spike_policy=skip"], "rollback": ROLLBACK, "nan_weights": NAN_WEIGHTS}
 
 
-NAN_WEIGHTS = ["fault.nan_weights_at_step=14", "fault.rank=1", "checkpoint.save_interval=5", "eval.eval_interval=10"]
+NAN_WEIGHTS = ["fault.nan_weights_at_step=14", "fault.rank=1", "checkpoint.save_interval=5", "eval.eval_interval=10",
+               f"schedule.train_iters={SPIKE_STEPS}"]
 
 
 @shared_runs(nproc=2, needs=["spike_runs"])
@@ -96,18 +100,18 @@ def test_nan_on_one_rank_and_a_loss_spike_are_skipped_by_every_rank(spike_runs):
 
 
 @pytest.mark.slow
-def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(spike_runs, reference):
+def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(spike_runs):
     run_dir = spike_runs.root / "rollback"               # the job finished with exit code 0 (else the fixture fails)
     rollback = [e for e in events_of(run_dir) if e["kind"] == "rollback"]
     assert len(rollback) == 1 and rollback[0]["step"] == 14 and rollback[0]["to_step"] == 10
     assert rollback[0]["lr_scale"] == 0.5 and rollback[0]["consumed_samples"] == 14 * 16   # steps 11-14's data skipped
     records = records_of(run_dir)
     assert [r["step"] for r in records] == list(range(1, 15)) + list(range(11, 21))
-    again = records[14:]
-    for r, ref in zip(again, reference[10:], strict=True):
-        assert r["lr"] == pytest.approx(0.5 * ref["lr"], rel=1e-12)
-        assert r["consumed_samples"] == ref["consumed_samples"] + 4 * 16
-    assert abs(records[-1]["loss"] - reference[-1]["loss"]) < 0.05 * reference[-1]["loss"]
+    for r in records[14:]:              # steps 11..20 again: half the schedule's LR, 4 steps' samples further on
+        full = lr_at(r["step"], lr=1e-3, min_lr=1e-4, style="cosine", warmup=5, decay=SPIKE_STEPS)
+        assert r["lr"] == pytest.approx(0.5 * full, rel=1e-12) and r["consumed_samples"] == (r["step"] + 4) * 16
+    unrolled = records_of(spike_runs.root / "skip")[-1]["loss"]       # the same steps with the spike skipped
+    assert abs(records[-1]["loss"] - unrolled) < 0.05 * unrolled
     report = subprocess.run(["make", "-s", "report", f"RUN={run_dir}"], cwd=REPO, capture_output=True, text=True)
     assert report.returncode == 0, report.stderr
     assert "rollback_events      1" in report.stdout and "spike_events         1" in report.stdout
@@ -182,7 +186,7 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp_
     uninterrupted = [r["loss"] for r in layout_runs("dp2-distopt")]
     run_dir = tmp_path / "killed"
     overrides = ["parallel=dist-opt", "checkpoint.save_interval=3"]
-    kill_after = random.Random().randint(4, 16)
+    kill_after = random.Random().randint(4, STEPS - 4)
     cmd = training_command(run_dir, overrides)
     proc = subprocess.Popen(cmd, cwd=REPO, env=training_env(), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -206,11 +210,12 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp_
     res = run_training(run_dir, overrides)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "ended without releasing .lock (killed or crashed)" in res.stdout
-    steps = [r["step"] for r in records_of(run_dir)]     # one writer: 1..k, then the resume's c+1..20 (c <= k)
+    steps = [r["step"] for r in records_of(run_dir)]     # one writer: 1..k, then the resume's c+1..STEPS (c <= k)
     cut = next((i for i in range(1, len(steps)) if steps[i] != steps[i - 1] + 1), len(steps))
-    assert steps[:cut] == list(range(1, cut + 1)) and steps[cut:] == list(range(21 - len(steps) + cut, 21)), steps
+    resumed_from = STEPS - (len(steps) - cut)
+    assert steps[:cut] == list(range(1, cut + 1)) and steps[cut:] == list(range(resumed_from + 1, STEPS + 1)), steps
     last = {r["step"]: r["loss"] for r in records_of(run_dir)}     # the resumed run's value where steps repeat
-    assert [last[s] for s in range(1, 21)] == uninterrupted, kill_after
+    assert [last[s] for s in range(1, STEPS + 1)] == uninterrupted, kill_after
 
 
 def test_spike_guard_statistics_and_rollback_counting():

@@ -10,7 +10,7 @@ from launch.slurm import bad_nodes
 from pretrain.config.compose import load_recipe
 from pretrain.observability.metrics import Metrics
 from pretrain.observability.straggler import StragglerDetector, add_bad_node, judge
-from tests.training import job_log, shared_runs
+from tests.training import STEPS, job_log, shared_runs
 
 HOSTS = ["n0", "n1", "n2", "n3"]
 
@@ -102,7 +102,7 @@ def test_bad_straggler_settings_fail_at_compose_time(override, message):
 
 
 # ---- a real run: rank 1 busy-waits 200 ms per step, checks every 4 steps ----------------------------
-SHORT = ["schedule.train_iters=12", "schedule.lr_decay=20"]
+SHORT = ["schedule.train_iters=12", f"schedule.lr_decay={STEPS}"]
 SLOW_MS = 200
 
 
@@ -154,7 +154,7 @@ def test_pipeline_stages_are_not_compared_with_each_other(straggler_runs):
 
 @pytest.mark.slow
 def test_detection_and_the_slow_rank_leave_the_losses_unchanged(straggler_runs, reference):
-    """The slowed, checked DP=2 run against the 1-process reference (same 20-step LR schedule): within the
+    """The slowed, checked DP=2 run against the 1-process reference (same LR schedule): within the
     layout tolerance of tests/test_train_layouts.py, so timing and the checks' collectives change nothing."""
     slow, ref = [r["loss"] for r in straggler_runs("slow")], [r["loss"] for r in reference[:12]]
     assert len(slow) == 12

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]          # as tests.conftest (which i
 PY = sys.executable
 DEMO = REPO / "data/demo/bpe4k"                       # what the demo_data fixture makes
 
-STEPS = 20
+STEPS = 12
 BASE = [f"schedule.train_iters={STEPS}", "batch.global_batch_size=16", "batch.micro_batch_size=4",
         "logging.log_interval=1", "eval.eval_interval=0", "eval.eval_iters=1", "eval.final_test=false",
         "logging.tensorboard=false", "schedule.lr_warmup=5", "optim.lr=1e-3", "optim.min_lr=1e-4",
@@ -40,7 +40,7 @@ LAYOUTS = {"tp2": ["parallel=tp2"], "tp2-sp": ["parallel=tp2-sp"], "pp2": ["para
            # the GPU recipes' data-parallel layouts: gradient reduce (and parameter gather) overlapped
            "dp2-overlap": ["parallel=dp-overlap", "schedule.train_iters=10", f"schedule.lr_decay={STEPS}"],
            "dp2-distopt-overlap": ["parallel=dist-opt-overlap"]}
-SAVE_AT = 15            # one checkpoint per layout run (the next multiple is past STEPS)
+SAVE_AT = 8             # one checkpoint per layout run (the next multiple is past STEPS)
 
 
 def training_command(run_dir, overrides, nproc=2, recipe="gpt-tiny") -> list:
@@ -374,7 +374,7 @@ def layout_runs(root, runs):
 
 # ---- the DeepSpeed engine's runs (tests/test_deepspeed.py, tests/test_export.py) -------------
 DS_N = 8
-DS_SHORT = [f"schedule.train_iters={DS_N}", f"schedule.lr_decay={STEPS}"]     # the 20-step runs' first 8 steps
+DS_SHORT = [f"schedule.train_iters={DS_N}", f"schedule.lr_decay={STEPS}"]     # the STEPS-step runs' first 8 steps
 DS_K = 4                 # checkpoint step of the runs that save
 DROPOUT = ["model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
 
