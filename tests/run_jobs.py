@@ -10,6 +10,7 @@ stderr stays the launch's; and once every rank has finished the job, rank 0 crea
 (tests/training.py hands a set's runs to its tests before the rest of the launch ends).
 """
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -41,9 +42,14 @@ def stdout_to(path):
 def main() -> int:
     jobs = json.loads(open(sys.argv[1]).read())
     rank = os.environ.get("RANK", "0")
+    gc.freeze()                 # the imports so far (torch, megatron-core): out of every collection's walk
     for job in jobs:
         with stdout_to(f"{job['log']}.rank{rank}.log" if job.get("log") else None):
             code = run(load_recipe(job["recipe"], job["overrides"]), keep_process_group=True)
+        # What survived the job's final gc.collect (pretrain.dist.release_subgroups) is the process's own: the
+        # modules torch and megatron-core imported, caches. Frozen, the next job's collect skips it: 0.41 s
+        # a job on each rank before, most of a job's fixed cost in these launches.
+        gc.freeze()
         if code:
             print(f"run_jobs: {job.get('log', job['overrides'])} exited {code}", file=sys.stderr, flush=True)
             return code
