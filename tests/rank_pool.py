@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import faulthandler
-import gc
 import multiprocessing as mp
 import os
 import signal
@@ -46,7 +45,6 @@ def _clean_state(initial_seed: int | None) -> None:
     if "pretrain.dist" in sys.modules or ps is not None:      # megatron's groups and their gloo threads
         from pretrain.dist import release_subgroups
         release_subgroups()
-        gc.freeze()                 # the next collect skips the imports that survived this one (tests/run_jobs.py)
 
 
 def _drop_group() -> None:

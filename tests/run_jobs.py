@@ -46,10 +46,6 @@ def main() -> int:
     for job in jobs:
         with stdout_to(f"{job['log']}.rank{rank}.log" if job.get("log") else None):
             code = run(load_recipe(job["recipe"], job["overrides"]), keep_process_group=True)
-        # What survived the job's final gc.collect (pretrain.dist.release_subgroups) is the process's own: the
-        # modules torch and megatron-core imported, caches. Frozen, the next job's collect skips it: 0.41 s
-        # a job on each rank before, most of a job's fixed cost in these launches.
-        gc.freeze()
         if code:
             print(f"run_jobs: {job.get('log', job['overrides'])} exited {code}", file=sys.stderr, flush=True)
             return code

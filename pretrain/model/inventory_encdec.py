@@ -112,7 +112,7 @@ def encdec_count_params(cfg: JobConfig) -> dict:
     if not cfg.model.untie_embeddings_and_output_weights:
         matmul += cfg.derived.padded_vocab_size * cfg.model.hidden_size
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": total,
-            "matmul": matmul}
+            "matmul": matmul, "mtp": 0}                # the decoder inventory's keys: BERT/T5 have no MTP layers
 
 
 def gemm_rows(cfg: JobConfig) -> dict[str, int]:

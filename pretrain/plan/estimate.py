@@ -59,7 +59,7 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] =
         "recipe": cfg.name,
         "params": params["total"],
         "params_non_embedding": params["non_embedding"],
-        "params_mtp": params.get("mtp", 0),
+        "params_mtp": params["mtp"],
         "params_matmul": params["matmul"],
         "tokens_per_step": d.tokens_per_step,
         "flops_per_token": flops["model"],

@@ -53,7 +53,7 @@ def moe_plan(cfg: JobConfig, params: dict) -> dict:
     layers = sum(layer_kinds(cfg))
     per_step = exchange_bytes_per_layer(cfg) * layers / p.pipeline_model_parallel_size * d.num_microbatches
     # what papers quote: the main model's active parameters (DeepSeek-V3's 37B leaves its MTP module out)
-    main = count_params(replace(cfg, model=replace(cfg.model, mtp_num_layers=None))) if params.get("mtp") else params
+    main = count_params(replace(cfg, model=replace(cfg.model, mtp_num_layers=None))) if params["mtp"] else params
     return {"experts": moe.num_experts, "router_topk": moe.router_topk, "moe_layers": layers,
             "params_active": params["active"], "params_active_main": main["active"],
             "params_active_main_without_embedding": main["active"] - main["embedding"], "expert_parallel": ep,
