@@ -1,4 +1,4 @@
-"""Plain-text shapes shared by reports: a markdown table."""
+"""Plain-text shapes shared by reports: a markdown table, a count in K/M/B/T."""
 from __future__ import annotations
 
 from typing import Iterable, Sequence
@@ -11,3 +11,11 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def human(n: float) -> str:
+    """1234567 -> '1.23M' (three significant digits)."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from common.config import ConfigError
+from common.text import human
 
 from .schema import JobConfig
 
@@ -113,13 +114,6 @@ def data_epochs(cfg: JobConfig) -> tuple[list[SourceEpochs], Optional[str]]:
     return [SourceEpochs(n, t, w) for n, t, w in zip(names, tokens, _drawn(cfg, weights), strict=True)], None
 
 
-def _human(n: float) -> str:
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.3g}"
-
-
 def _count(epochs: float) -> str:
     return f"{epochs:,.0f}" if epochs >= 100 else f"{epochs:.3g}"
 
@@ -129,25 +123,25 @@ def epoch_lines(cfg: JobConfig) -> list[str]:
     sources, skipped = data_epochs(cfg)
     if skipped:
         return [f"not counted: {skipped}"]
-    return [f"{s.name}: draws {_human(s.drawn)} of its {_human(s.tokens)} tokens = {_count(s.epochs)} epochs"
+    return [f"{s.name}: draws {human(s.drawn)} of its {human(s.tokens)} tokens = {_count(s.epochs)} epochs"
             + (f" (> {WARN_EPOCHS:g}: diminishing returns)" if s.epochs > WARN_EPOCHS else "") for s in sources]
 
 
 def epoch_problems(cfg: JobConfig) -> tuple[list[str], list[str]]:
     """(refusals, warnings), each naming data.blend, the source and its epochs."""
     sources, _ = data_epochs(cfg)
-    budget = f"{_human(cfg.derived.train_tokens)} train tokens"
+    budget = f"{human(cfg.derived.train_tokens)} train tokens"
     demo = (f" data.blend is the demo corpus (data.preprocess={cfg.data.preprocess}): a few million tokens that show "
             "the mechanics, no training set for this budget." if cfg.data.preprocess.startswith("demo") else "")
     refused, warned = [], []
     if not cfg.data.max_epochs > 0:
         refused.append(f"data.max_epochs={cfg.data.max_epochs:g} must be > 0. Fix: a positive number of epochs.")
     for s in sources:
-        said = (f"data.blend={cfg.data.blend}: source {s.name} holds {_human(s.tokens)} tokens and the run draws "
-                f"{_human(s.drawn)} of its {budget} from it: {_count(s.epochs)} epochs")
+        said = (f"data.blend={cfg.data.blend}: source {s.name} holds {human(s.tokens)} tokens and the run draws "
+                f"{human(s.drawn)} of its {budget} from it: {_count(s.epochs)} epochs")
         if not s.tokens and s.drawn:
             refused.append(f"data.blend={cfg.data.blend}: source {s.name} holds no tokens, and the run draws "
-                           f"{_human(s.drawn)} of its {budget} from it. Fix: preprocess it again, or give it weight 0.")
+                           f"{human(s.drawn)} of its {budget} from it. Fix: preprocess it again, or give it weight 0.")
         elif s.epochs > cfg.data.max_epochs:
             refused.append(f"{said}, over data.max_epochs={cfg.data.max_epochs:g}.{demo} Fix: more data (your corpus "
                            f"as a blend: {DOCS}), a smaller budget (schedule.train_tokens / train_iters), or "

@@ -4,11 +4,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from common.text import human
+
 from ..config.epochs import epoch_lines
 from ..config.schema import JobConfig
 from ..model.fusions import FUSIONS
 from ..model.inventory import count_params
-from ..plan.estimate import human
 
 
 def _experts(cfg, layout: dict) -> str:

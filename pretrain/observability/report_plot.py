@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional
 
+from common.text import human
+
 # kind -> (legend label, colour, line style); vertical lines at the event's step on every panel
 EVENT_STYLE = {
     "resume": ("restart: resumed from checkpoint", "tab:green", "-"),
@@ -81,13 +83,6 @@ def step_to_tokens(kept: list) -> Optional[Callable]:
     return _extrapolating(steps, tokens)
 
 
-def _human(n: float) -> str:
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= div:
-            return f"{n / div:.3g}{suffix}"
-    return f"{n:.3g}"
-
-
 def _curve(ax, kept: list, replaced: List[list], key: str, color: str, label: str) -> None:
     ax.plot([r["step"] for r in kept], [_value(r, key) for r in kept], color=color, lw=1.2, label=label,
             marker="." if len(kept) < 100 else None, ms=4, gid=f"train:{key}")     # a lone record shows too
@@ -142,7 +137,7 @@ def figure(data: dict, title: str):
     conversion = step_to_tokens(kept)
     if conversion:      # the step axis's own ticks, labelled with the tokens consumed by then
         top = ax.secondary_xaxis("top")
-        top.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _human(float(conversion(x)))))
+        top.xaxis.set_major_formatter(FuncFormatter(lambda x, _: human(float(conversion(x)))))
         top.set_xlabel("tokens consumed")
 
     _curve(panels["lr"], kept, replaced, "lr", "tab:green", "learning rate")

@@ -8,10 +8,11 @@ import sys
 
 from common.cli import add_recipe_args, command, env_flag, recipe_and_overrides
 from common.config import ConfigError
+from common.text import human
 
 from ..config.compose import load_recipe
 from ..config.epochs import data_epochs, epoch_lines
-from .estimate import human, make_plan
+from .estimate import make_plan
 from .search import as_dict, search
 from .search import render as render_search
 

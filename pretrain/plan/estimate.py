@@ -122,11 +122,3 @@ def distill_plan(cfg: JobConfig, teacher: JobConfig, flops: dict, mem: dict) -> 
             "teacher_forward_flops_per_token": flops["teacher"],
             "teacher_weights_gib": round(mem["teacher_weights"], 4),
             "teacher_activations_gib": round(mem["teacher_activations"], 4)}
-
-
-def human(n: float) -> str:
-    """1234567 -> '1.23M' (three significant digits)."""
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return f"{n:.3g}"
