@@ -23,21 +23,24 @@ from .config.compose import load_recipe
 
 def main() -> int:
 
-    from .data.datasets import StepBatches, build_datasets
+    from .data.datasets import StepBatches
     from .engines.megatron.engine import MegatronEngine
     from .model.gpt import build_gpt_model, transformer_config
+    from .objectives.task import build_task
     from .observability.metrics import Metrics
 
     steps, rounds = int(os.environ.get("BENCH_STEPS", 10)), int(os.environ.get("BENCH_ROUNDS", 3))
     cfg = load_recipe(recipe_from_env(),
                       ["cluster.devices_per_node=1", f"schedule.train_iters={steps * rounds * 2 + 4}",
                        "logging.tensorboard=false", *overrides_from_env()])
-    engine = MegatronEngine(cfg)
-    train, _, _ = build_datasets(cfg, cfg.batch.global_batch_size * (steps + 2), 1, 1)
+    task = build_task(cfg)
+    engine = MegatronEngine(cfg, task.objective)
+    train, _, _ = task.objective.build_datasets([cfg.batch.global_batch_size * (steps + 2), 1, 1], lambda: True)
     batches = StepBatches(train, cfg.batch.micro_batch_size, 0, 1)
     g = cfg.batch.global_batch_size
     step_batches = [batches.micro_batches(i * g, g) for i in range(steps)]
-    metrics = Metrics(cfg, Path("/tmp/bench-train-metrics"), enabled=False)
+    metrics = Metrics(cfg, Path("/tmp/bench-train-metrics"), enabled=False, flops_per_token=task.flops_per_token,
+                      peak_tflops=None)
 
     bare_model = build_gpt_model(cfg, transformer_config(cfg))
     bare_model.load_state_dict(engine.model[0].module.state_dict())

@@ -25,16 +25,18 @@ from .checkpoint.meta import LoopState, checkpoint_meta
 from .checkpoint.store import CheckpointStore, Decision, agreed_load
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
-from .data.datasets import BatchSource, StepBatches, build_datasets, eval_batches, split_sizes
+from .data.datasets import BatchSource, StepBatches, eval_batches, split_sizes
 from .data.identity import data_identity, differences
 from .data.mix import PhasedMix
 from .dist import from_rank0, log
 from .dist import rank as dist_rank
 from .engines.base import Engine
+from .objectives.task import Task
 from .observability.downstream import DownstreamEvals
 from .observability.hooks import Hooks, Profiler
 from .observability.metrics import Metrics
 from .observability.straggler import StragglerDetector
+from .plan.hardware import this_device_peak_tflops
 from .schedules import lr_at
 from .stability.faults import FaultDrill
 from .stability.guard import SpikeGuard
@@ -49,7 +51,8 @@ class RunStopped(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig, engine: Engine, run_dir: Path):
+    def __init__(self, cfg: JobConfig, engine: Engine, run_dir: Path, task: Task):
+        """`task`: what `engine` trains (objectives/task.py build_task), built once before the engine."""
         self.cfg, self.engine, self.run_dir = cfg, engine, Path(run_dir)
         self.state = LoopState()
         self.ramp = batch_ramp(cfg)
@@ -60,7 +63,7 @@ class Trainer:
         self.lr_kwargs = dict(lr=cfg.optim.lr, min_lr=cfg.optim.min_lr, style=s.lr_decay_style, warmup=s.lr_warmup,
                               decay=decay, wsd_decay=s.lr_wsd_decay, wsd_decay_style=s.lr_wsd_decay_style)
         self.unit_tokens = unit_tokens
-        train, valid, test = build_datasets(cfg, *split_sizes(cfg))
+        train, valid, test = task.objective.build_datasets(split_sizes(cfg), lambda: True)
         self.train_batches: BatchSource
         if cfg.data.mix_phases:
             phases = [(ph.start_tokens, list(ph.weights)) for ph in cfg.data.mix_phases]
@@ -69,7 +72,8 @@ class Trainer:
         else:
             self.train_batches = StepBatches(train, cfg.batch.micro_batch_size, engine.dp_rank, engine.dp_size)
         self.valid, self.test = valid, test
-        self.metrics = Metrics(cfg, self.run_dir, engine.is_logging_rank())
+        self.metrics = Metrics(cfg, self.run_dir, engine.is_logging_rank(), task.flops_per_token,
+                               this_device_peak_tflops(cfg.precision.half))
         self.downstream = DownstreamEvals.from_config(cfg, engine, self.metrics)
         self.history: List[dict] = []
         c = cfg.checkpoint

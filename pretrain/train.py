@@ -22,6 +22,7 @@ from .config.schema import JobConfig
 from .dist import release_subgroups
 from .engines.registry import create_engine
 from .loop import RunStopped, Trainer
+from .objectives.task import Task, build_task
 from .observability.banner import run_banner
 from .observability.provenance import record as record_provenance
 from .stability.lifetime import RunDirBusy, die_with_launcher, lock_run_dir
@@ -33,7 +34,8 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
     keep_process_group: leave torch.distributed up for another job in the same processes.
     Exit 4: another live trainer holds the run directory (pretrain/stability/lifetime.py)."""
     die_with_launcher()                  # torchrun's workers are in their own sessions: go when it goes
-    engine = create_engine(job)
+    task = build_task(job)               # what is trained: the objective and its adapters, FLOPs per token
+    engine = create_engine(job, task.objective)
     run_dir = Path(job.run_dir)
     try:
         lock = lock_run_dir(run_dir, job.stability.lock_wait_s)     # before anything is written there
@@ -43,7 +45,7 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
         engine.close() if keep_process_group else engine.shutdown()
         return 4
     try:
-        return _train(job, engine, run_dir)
+        return _train(job, task, engine, run_dir)
     finally:
         engine.close() if keep_process_group else engine.shutdown()
         lock.release()
@@ -52,7 +54,13 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
             release_subgroups()
 
 
-def _train(job: JobConfig, engine, run_dir: Path) -> int:
+def trainer_for(job: JobConfig, run_dir) -> Trainer:
+    """The task, its engine and the loop of `job` in this process, in the hall's order (tests drive it directly)."""
+    task = build_task(job)
+    return Trainer(job, create_engine(job, task.objective), Path(run_dir), task)
+
+
+def _train(job: JobConfig, task: Task, engine, run_dir: Path) -> int:
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / "config.yaml", to_yaml(job))
@@ -62,7 +70,7 @@ def _train(job: JobConfig, engine, run_dir: Path) -> int:
     dist.barrier()
     record_provenance(run_dir)
     try:
-        Trainer(job, engine, run_dir).train()
+        Trainer(job, engine, run_dir, task).train()
     except RunStopped as stop:
         print(f"STOPPED: {stop}", file=sys.stderr, flush=True)
         return 3

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from common.config import ConfigError
 from pretrain.config.compose import load_recipe
-from pretrain.engines.megatron import cpu_compat
+from pretrain.engines import cpu_compat
 from pretrain.model.hf_mapping import hf_config, to_hf
 from pretrain.peft.base import freeze_base, is_added
 from pretrain.peft.ptuning import PTuning, virtual_tokens

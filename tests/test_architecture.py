@@ -11,6 +11,7 @@ included, so an import moved into a function to dodge a cycle still counts):
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -202,3 +203,64 @@ def test_the_checker_refuses_faces_that_import_and_the_floor_reaching_up(tmp_pat
     assert any("pretrain/config/ imports the runtime module pretrain.loop" in v for v in found)
     assert any("common/ imports pretrain.loop" in v for v in found)
     assert not any("function-level import of pretrain.loop" in v for v in found)      # torch: heavy, allowed
+
+
+def documented_tree(text: str) -> dict[str, set[str]]:
+    """docs/architecture.md's tree of pretrain/: folder ('pretrain', 'pretrain/engines/megatron', ...) -> the
+    module files its lines name (a folder's line and the deeper-indented lines after it)."""
+    block = text.split("## The tree", 1)[1].split("```")[1]
+    lines = block[block.index("\npretrain/\n") + 1:].splitlines()[1:]
+    out: dict[str, set[str]] = {"pretrain": set()}
+    stack = [(0, "pretrain")]           # (indent, folder)
+    current = "pretrain"
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        first = line.split()[0] if line.strip() else ""
+        if first.endswith("/") and indent < 20:
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            current = f"{stack[-1][1]}/{first.rstrip('/')}"
+            stack.append((indent, current))
+            out.setdefault(current, set())
+            text_of_line = line.split(first, 1)[1]
+        elif indent < 20:
+            current, text_of_line = "pretrain", line
+        else:
+            text_of_line = line
+        out[current].update(re.findall(r"\b([a-z_0-9]+\.py)\b", text_of_line))
+    return out
+
+
+def tree_problems(root: Path) -> list[str]:
+    tree = documented_tree((root / "docs/architecture.md").read_text())
+    folders = {str(p.parent.relative_to(root)) for p in (root / "pretrain").rglob("*.py")}
+    out = [f"docs/architecture.md's tree lacks the folder {f}/" for f in sorted(folders - set(tree))]
+    out += [f"docs/architecture.md's tree names {f}/, which does not exist" for f in sorted(set(tree) - folders)]
+    for folder in sorted(folders & set(tree)):
+        files = {p.name for p in (root / folder).glob("*.py") if p.name != "__init__.py"}
+        out += [f"docs/architecture.md's tree lacks {folder}/{name}" for name in sorted(files - tree[folder])]
+        out += [f"docs/architecture.md's tree names {folder}/{name}, which does not exist"
+                for name in sorted(tree[folder] - files)]
+    return out
+
+
+def test_architecture_md_names_every_folder_and_module_of_pretrain():
+    assert tree_problems(REPO) == []
+
+
+def test_the_tree_check_finds_a_missing_and_a_stale_module(tmp_path):
+    _write(tmp_path, {"pretrain/loop.py": "", "pretrain/engines/base.py": "", "pretrain/engines/new.py": "",
+                      "docs/architecture.md": "## The tree\n\n```\npretrain/\n  loop.py   the loop\n"
+                                              "  engines/           base.py, old.py\n```\n"})
+    assert tree_problems(tmp_path) == [
+        "docs/architecture.md's tree lacks pretrain/engines/new.py",
+        "docs/architecture.md's tree names pretrain/engines/old.py, which does not exist"]
+
+
+def test_no_engine_imports_what_it_trains():
+    """An engine runs the Objective it is handed: no module of pretrain/engines/ imports the objectives, the PEFT
+    methods or the distillation teacher (they reach the engine only through engines/base.py's contract)."""
+    found = imports(REPO)
+    bad = [f"{where}: {m} imports {t}" for m, targets in found.items() if m.startswith("pretrain.engines")
+           for t, _, where in targets if t.startswith(("pretrain.objectives", "pretrain.peft", "pretrain.distill"))]
+    assert bad == []

@@ -45,7 +45,7 @@ def build(cfg: JobConfig):
     from pretrain.model.init import layout_invariant_init
     from pretrain.objectives.registry import objective_for
     objective = objective_for(cfg)
-    model = objective.build_model()
+    model = objective.build_model(None)
     layout_invariant_init(cfg, model, 0)
     return objective, model
 
@@ -100,7 +100,7 @@ def losses_and_step(objective, model, batch: dict) -> list:
 def tp1(single_rank_megatron):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     cpu_compat.apply()
     model_parallel_cuda_manual_seed(1234)
 

@@ -26,7 +26,9 @@ def engine_for(overrides, skip=()):
             optimizer = build_optimizer(self.cfg, self.model)
             optimizer_state.patch(optimizer, skip=skip)
             return optimizer
-    return Without(load_recipe("gpt-tiny", COMMON + overrides))
+    from pretrain.objectives.registry import objective_for
+    cfg = load_recipe("gpt-tiny", COMMON + overrides)
+    return Without(cfg, objective_for(cfg))
 
 
 def batches(engine, steps):

@@ -1,4 +1,4 @@
-"""The loss under context parallelism (pretrain/engines/common.py: context_parallel_loss), on 2 gloo processes.
+"""The loss under context parallelism (pretrain/objectives/losses.py: context_parallel_loss), on 2 gloo processes.
 
 CP itself needs Transformer Engine (GPUs), so the engine's CP path is not run here; what can run is the loss
 formula: two ranks each holding the chunks get_batch_on_this_cp_rank gives them must report the whole
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pretrain.engines.common import context_parallel_loss, token_mean_loss
+from pretrain.objectives.losses import context_parallel_loss, token_mean_loss
 from tests.megatron_harness import spawn
 
 SEQ = 16

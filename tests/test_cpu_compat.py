@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from pretrain.engines.megatron.cpu_compat import ADAPTATIONS
+from pretrain.engines.cpu_compat import ADAPTATIONS
 from tests.conftest import PY, REPO
 
 PROBE_ALL = """
 import json, os, sys
-from pretrain.engines.megatron import cpu_compat as c
+from pretrain.engines import cpu_compat as c
 import megatron.core.optimizer, megatron.core.models.gpt   # the expensive imports, once
 results = {}
 for a in c.ADAPTATIONS:
@@ -55,11 +55,11 @@ def test_adaptation_is_still_needed(adaptation, probe_results):
     out = probe_results[adaptation.name]
     assert "RAISED" in out and adaptation.error in out, (
         f"{adaptation.name}: megatron-core/torch no longer fail with {adaptation.error!r}; "
-        f"remove this adaptation from pretrain/engines/megatron/cpu_compat.py. Probe said: {out[-500:]}")
+        f"remove this adaptation from pretrain/engines/cpu_compat.py. Probe said: {out[-500:]}")
 
 
 def test_adaptations_fix_their_probes():
-    code = ("from pretrain.engines.megatron import cpu_compat as c\nassert c.apply()\n"
+    code = ("from pretrain.engines import cpu_compat as c\nassert c.apply()\n"
             "for a in c.ADAPTATIONS:\n    a.probe()\n"
             "print('OK')\n")
     res = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)

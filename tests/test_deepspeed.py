@@ -133,8 +133,10 @@ def consolidated_loss(state, consumed: int) -> float:
     from pretrain.data.datasets import StepBatches, build_datasets, split_sizes
     from pretrain.engines.megatron.checkpointing import unwrap
     from pretrain.engines.megatron.engine import MegatronEngine
+    from pretrain.objectives.registry import objective_for
     from tests.training import BASE
-    engine = MegatronEngine(load_recipe("gpt-tiny", BASE + SHORT + ["cluster.devices_per_node=1"]))
+    cfg = load_recipe("gpt-tiny", BASE + SHORT + ["cluster.devices_per_node=1"])
+    engine = MegatronEngine(cfg, objective_for(cfg))
     missing, unexpected = unwrap(engine.model[0]).load_state_dict(state, strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
     train, _, _ = build_datasets(engine.cfg, *split_sizes(engine.cfg))

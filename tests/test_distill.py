@@ -13,6 +13,7 @@ from megatron.core.transformer import TransformerConfig
 from common.config import ConfigError
 from pretrain.checkpoint.meta import LoopState, checkpoint_meta
 from pretrain.checkpoint.store import FORMAT
+from pretrain.config.compose import teacher_of
 from pretrain.distill.loss import Distiller, kd_loss
 from pretrain.distill.teacher import build_teacher, checkpoint_shape_problems, prune_into, teacher_config
 from tests import megatron_harness as mh
@@ -123,6 +124,27 @@ def test_a_teacher_of_another_vocabulary_is_refused_at_compose_time():
                         "distill.teacher_overrides=['model.vocab_size=8192']"])
 
 
+def test_the_teacher_recipe_is_composed_once_per_process(monkeypatch):
+    """Validation, the run's task (objective, FLOPs per token) and the planner read one composition of
+    distill.teacher_recipe: compose.teacher_of memoises it (it was composed 3 times per process before)."""
+    from pretrain.config import compose
+    from pretrain.objectives.task import build_task
+    from pretrain.plan.estimate import make_plan
+    overrides = ["distill.teacher_checkpoint=/nowhere", "distill.teacher_overrides=['model.num_layers=6']"]
+    real, composed = compose.load_recipe, []
+
+    def counting(name, extra=()):
+        composed.append(name) if name == "gpt-tiny" else None
+        return real(name, extra)
+    monkeypatch.setattr(compose, "load_recipe", counting)
+    compose._composed_teacher.cache_clear()
+    cfg = compose.load_recipe("gpt-tiny-distill", overrides)
+    task = build_task(cfg)
+    plan = make_plan(cfg)
+    assert composed == ["gpt-tiny"] and task.teacher is compose.teacher_of(cfg)
+    assert task.teacher.model.num_layers == 6 and task.flops_per_token == plan["flops_per_token"]
+
+
 def test_teacher_takes_the_students_layout_and_its_checkpoint_must_match(tp1, tmp_path):
     cfg = _tiny(["model.num_layers=2", "parallel=tp2", "cluster.devices_per_node=2", "precision=bf16",
                  "distill.teacher_recipe=gpt-tiny", f"distill.teacher_checkpoint={tmp_path}",
@@ -140,7 +162,7 @@ def test_teacher_takes_the_students_layout_and_its_checkpoint_must_match(tp1, tm
                                                         "derived.ffn_hidden_size: checkpoint 384, recipe 768"]
     (tmp_path / "meta.json").write_text(json.dumps({**meta, "format": FORMAT}))
     with pytest.raises(ConfigError, match="holds another model.*model.hidden_size: checkpoint 96, recipe 192"):
-        build_teacher(cfg, on_cpu=True)
+        build_teacher(cfg, teacher_of(cfg), on_cpu=True)
 
 
 @pytest.mark.slow           # dist_checkpointing's writer starts a helper process (its results queue) at the first save
@@ -155,7 +177,7 @@ def test_build_teacher_loads_the_checkpoint_frozen(tp1, tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps({**meta, "format": FORMAT}))
     cfg = _tiny(["model.num_layers=2", "distill.teacher_recipe=gpt-tiny", f"distill.teacher_checkpoint={tmp_path}",
                  f"distill.teacher_overrides=['data=mock','model.vocab_size={VOCAB}','model.seq_length=32']"])
-    teacher = build_teacher(cfg, on_cpu=True)
+    teacher = build_teacher(cfg, teacher_of(cfg), on_cpu=True)
     assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
     for key, value in saved.state_dict().items():
         if not key.endswith("_extra_state"):

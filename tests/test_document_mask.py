@@ -43,7 +43,7 @@ def sample(text: torch.Tensor, document_mask: bool, eod_mask_loss=False) -> dict
 def tiny_model(recipe):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     from pretrain.model.gpt import build_gpt_model, transformer_config
     cpu_compat.apply()
     cfg = load_recipe(recipe, ONE_RANK + ["data.document_mask=true"])

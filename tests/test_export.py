@@ -19,7 +19,7 @@ def ours(state, cfg):
     """Our GPTModel (TP=1, fp32) holding `state`."""
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     from pretrain.model.gpt import build_gpt_model, transformer_config
     cpu_compat.apply()                       # megatron-core's CPU adaptations (no-op with CUDA)
     model_parallel_cuda_manual_seed(cfg.seed)     # the RNG tracker megatron-core's layers need at build
@@ -103,15 +103,14 @@ def test_llama_tiny_exports_to_llama_and_round_trips(single_rank_megatron, tmp_p
 
     from preprocessing.tokenizer_io import train_bpe
     from pretrain.config.compose import load_recipe
-    from pretrain.engines.registry import create_engine
-    from pretrain.loop import Trainer
+    from pretrain.train import trainer_for
     train_bpe([Path(__file__).read_text()], vocab_size=512, min_frequency=2, out_dir=tmp_path / "tokenizer")
     cfg = load_recipe("llama-tiny", ["data=mock", "data.tokenizer.type=hf",
                                      f"data.tokenizer.path={tmp_path / 'tokenizer'}", "cluster.devices_per_node=1",
                                      "batch.global_batch_size=8", "schedule.train_iters=2",
                                      "eval.eval_interval=0", "eval.final_test=false", "logging.tensorboard=false",
                                      "stability.watchdog_minutes=0", f"run_dir={tmp_path / 'run'}"])
-    Trainer(cfg, create_engine(cfg), tmp_path / "run").train()
+    trainer_for(cfg, tmp_path / "run").train()
     exported, _ = check_parity(tmp_path / "run" / "checkpoints", tmp_path / "hf")
     hf_config = json.loads((exported / "config.json").read_text())
     assert hf_config["architectures"] == ["LlamaForCausalLM"] and hf_config["num_key_value_heads"] == 2

@@ -112,7 +112,7 @@ def in_memory_diff(cfg, tmp_path, seed: int = 5):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from transformers import DeepseekV3ForCausalLM
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     from pretrain.hf import deepseek_export
     from pretrain.hf.mtp_export import drop_mtp
     from tests.megatron_harness import build_model

@@ -10,12 +10,11 @@ import torch
 from common.config import ConfigError
 from pretrain.config.compose import load_recipe
 from pretrain.engines.megatron.optimizer_state import leaves
-from pretrain.engines.registry import create_engine
-from pretrain.loop import Trainer
 from pretrain.model.inventory import stage_tensors
 from pretrain.optim.registry import per_element, register_optimizer
 from pretrain.plan.memory import optimizer_state_bytes
 from pretrain.schedules import LRParams, lr_at, register_lr_schedule
+from pretrain.train import trainer_for
 
 MOMENTUM = 0.9
 
@@ -48,9 +47,9 @@ def test_unregistered_names_are_refused_with_the_registered_ones():
 
 def test_registered_optimizer_and_schedule_train_gpt_tiny(tmp_path, single_rank_megatron):
     cfg = load_recipe("gpt-tiny", OVERRIDES + [f"run_dir={tmp_path}"])
-    engine = create_engine(cfg)
-    assert all(isinstance(leaf.optimizer, torch.optim.SGD) for leaf in leaves(engine.optimizer))
-    Trainer(cfg, engine, tmp_path).train()
+    trainer = trainer_for(cfg, tmp_path)
+    assert all(isinstance(leaf.optimizer, torch.optim.SGD) for leaf in leaves(trainer.engine.optimizer))
+    trainer.train()
 
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
@@ -60,12 +59,12 @@ def test_registered_optimizer_and_schedule_train_gpt_tiny(tmp_path, single_rank_
     assert [r["lr"] for r in train] == pytest.approx(expected, rel=1e-12)
     assert expected == pytest.approx([0.5, 1, 1, 1, 1, 0.5, 0.5, 0.5])
     # The registered update rule ran: SGD's momentum buffers exist (made by its step), the loss fell.
-    states = [s for leaf in leaves(engine.optimizer) for s in leaf.optimizer.state.values()]
+    states = [s for leaf in leaves(trainer.engine.optimizer) for s in leaf.optimizer.state.values()]
     assert states and all("momentum_buffer" in s for s in states)
     assert train[-1]["loss"] < train[0]["loss"] - 0.05
     # The planner counts its state from the registry: 4 bytes per parameter (fp32, no main copy).
     (tensors,) = stage_tensors(cfg)
-    held = sum(p.numel() for chunk in engine.model for p in chunk.parameters())
+    held = sum(p.numel() for chunk in trainer.engine.model for p in chunk.parameters())
     assert optimizer_state_bytes(cfg, tensors, tp=1) == 4 * held
 
 

@@ -37,7 +37,7 @@ def test_gpu_decisions_without_kernels_build_and_train_a_125m_shaped_model(monke
     model/fusions.py). The sequence (256) keeps the fused-softmax path's 16 < seq <= 4096 window."""
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     from pretrain.model import gpt
     cpu_compat.apply()
     model_parallel_cuda_manual_seed(1234)

@@ -54,7 +54,7 @@ def logits(model, b):
 def tp1(single_rank_megatron):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     cpu_compat.apply()
     model_parallel_cuda_manual_seed(1234)
 

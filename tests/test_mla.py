@@ -20,7 +20,7 @@ def test_mla_model_equals_the_inventory_and_learns(single_rank_megatron, recipe,
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     from pretrain.model.gpt import build_gpt_model, transformer_config
     from pretrain.model.inventory import stage_tensors
     cpu_compat.apply()                           # what the engine does first on a machine without CUDA

@@ -57,7 +57,7 @@ def test_total_and_active_parameters_equal_the_built_model_and_the_published_siz
     """Built on the meta device (no memory) with megatron-core's own modules: every tensor counted."""
     import torch
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     from pretrain.model.gpt import build_gpt_model, transformer_config
     cpu_compat.apply()                           # what the engine does first on a machine without CUDA
     cfg = load_recipe(recipe, ["parallel=single", "cluster=local", "cluster.devices_per_node=1",
@@ -189,7 +189,7 @@ def test_make_pretrain_deepseek_tiny_trains_and_logs_the_router_and_mtp(demo_dat
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "x DP 2 (experts: 8 per layer, EP 2 x expert TP 1 x expert DP 1)" in res.stdout
-    assert res.stdout.count("| moe load ") == res.stdout.count("| mtp ") == 4                  # steps 3, 6, 9, 12
+    assert res.stdout.count("| moe_load_max ") == res.stdout.count("| mtp ") == 4              # steps 3, 6, 9, 12
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     assert train[-1]["loss"] < train[0]["loss"] - 0.5 and all(r["moe_dropped"] == 0.0 for r in train)

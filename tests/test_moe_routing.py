@@ -79,7 +79,7 @@ def router(**overrides):
     from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
     from megatron.core.transformer.moe.router import TopKRouter
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     cpu_compat.apply()                           # as the engine does first on a machine without CUDA
     kw = dict(num_layers=1, hidden_size=16, num_attention_heads=2, num_moe_experts=16, moe_router_topk=4,
               moe_router_score_function="sigmoid", moe_router_num_groups=4, moe_router_group_topk=2,
@@ -157,7 +157,8 @@ def test_a_skipped_step_puts_the_expert_bias_back(single_rank_megatron):
                                                  "cluster.devices_per_node=1", "parallel=single",
                                                  "batch.global_batch_size=8", "batch.micro_batch_size=4",
                                                  "model.num_layers=2"])
-    engine = MegatronEngine(cfg)
+    from pretrain.objectives.registry import objective_for
+    engine = MegatronEngine(cfg, objective_for(cfg))
     train, _, _ = build_datasets(engine.cfg, 24, 1, 1)
     data = StepBatches(train, 4, 0, 1)
     finite = lambda loss, grad_norm: math.isfinite(loss) and math.isfinite(grad_norm)   # noqa: E731

@@ -20,7 +20,7 @@ def one_rank(single_rank_megatron):
     """The session's one-process parallel state (tests/conftest.py), with the CPU adaptations and the RNG tracker."""
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     cpu_compat.apply()
     model_parallel_cuda_manual_seed(1234)
 

@@ -245,14 +245,15 @@ def test_sample_indexes_are_cached(sentence_data, tmp_path):
 
 @pytest.mark.parametrize("recipe", ["bert-tiny", "t5-tiny"])
 def test_micro_batches_stack_the_objectives_keys(sentence_data, recipe, tmp_path):
-    """build_datasets marks an objective's datasets with its batch_keys and StepBatches stacks exactly those (no
+    """An objective's build_datasets marks its datasets with its batch_keys and StepBatches stacks exactly those (no
     guess from what a sample holds); a sample that lacks a declared key is refused naming it."""
     from pretrain.config.compose import load_recipe
-    from pretrain.data.datasets import StepBatches, build_datasets, collate
+    from pretrain.data.datasets import StepBatches, collate
     from pretrain.objectives.registry import objective_for
     cfg = load_recipe(recipe, [f"data.cache_dir={tmp_path}"])
-    keys = objective_for(cfg).batch_keys
-    train = build_datasets(cfg, 8, 0, 0)[0]
+    objective = objective_for(cfg)
+    keys = objective.batch_keys
+    train = objective.build_datasets([8, 0, 0], lambda: True)[0]
     (batch,) = StepBatches(train, 4, 0, 2).micro_batches(0, 8)
     assert tuple(batch) == keys and all(v.shape[0] == 4 for v in batch.values())
     assert torch.equal(batch[keys[0]][1], train[1][keys[0]])

@@ -78,8 +78,9 @@ def test_bert_exports_to_transformers_which_gives_the_runs_held_out_loss(objecti
     from transformers import AutoModelForPreTraining
 
     from pretrain.config.compose import load_recipe
-    from pretrain.data.datasets import build_datasets, eval_batches, split_sizes
+    from pretrain.data.datasets import eval_batches, split_sizes
     from pretrain.hf.convert import export
+    from pretrain.objectives.registry import objective_for
     from tests.training import BASE
 
     run = objective_reference.root / "bert"
@@ -87,7 +88,7 @@ def test_bert_exports_to_transformers_which_gives_the_runs_held_out_loss(objecti
     model = AutoModelForPreTraining.from_pretrained(str(out)).eval()
     assert type(model).__name__ == "MegatronBertForPreTraining"
     cfg = load_recipe("bert-tiny", [*BASE, "cluster.devices_per_node=1", *SHORT])
-    valid = build_datasets(cfg, *split_sizes(cfg))[1]
+    valid = objective_for(cfg).build_datasets(split_sizes(cfg), lambda: True)[1]
     losses = []
     with torch.no_grad():
         for step in eval_batches(valid, cfg, 0, 1):

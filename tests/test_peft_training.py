@@ -1,4 +1,4 @@
-"""PEFT and distillation through the real engine and loop (pretrain/engines/megatron/frozen_parts.py).
+"""PEFT and distillation through the real engine and loop (pretrain/objectives/adapters.py).
 
 The PEFT base is the 4-layer gpt-tiny the layout runs saved at step SAVE_AT (DP=2, distributed optimizer: a
 checkpoint loads at any layout); the distillation teacher is gpt-tiny trained TEACHER_STEPS steps (teacher_run).

@@ -24,7 +24,7 @@ H, V, S, HQ = 192, 4096, 128, 192      # both tiny recipes: hidden, padded vocab
 def tp1(single_rank_megatron):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     cpu_compat.apply()
     model_parallel_cuda_manual_seed(1234)
 
@@ -32,7 +32,7 @@ def tp1(single_rank_megatron):
 def built(cfg):
     """The model the megatron engine builds for the recipe (its objective's builder)."""
     from pretrain.objectives.registry import objective_for
-    return objective_for(cfg).build_model()
+    return objective_for(cfg).build_model(None)
 
 
 @pytest.mark.parametrize("recipe,overrides", CASES)
@@ -86,13 +86,13 @@ def hand_flops_per_token(cfg) -> float:
 
 @pytest.mark.parametrize("recipe,overrides", CASES[:2] + CASES[3:4])
 def test_flops_per_token_are_torchs_count_and_the_hand_formula(tp1, tmp_path, recipe, overrides):
-    from pretrain.observability.metrics import Metrics
+    from pretrain.objectives.task import build_task
     cfg = load_recipe(recipe, overrides)
     planned = flops_per_token(cfg, count_params(cfg))
     assert planned["model"] == 3 * forward_flops(cfg, built(cfg)) / cfg.model.seq_length
     assert planned["model"] == pytest.approx(hand_flops_per_token(cfg), rel=1e-12)
-    # the loop logs global_batch x seq_length tokens a step at the planner's FLOPs per token
-    assert Metrics(cfg, tmp_path, enabled=False).flops_per_token == planned["model"] == \
+    # the loop logs global_batch x seq_length tokens a step at the planner's FLOPs per token (the task hands them)
+    assert build_task(cfg).flops_per_token == planned["model"] == \
         make_plan(cfg)["flops_per_token"]
 
 

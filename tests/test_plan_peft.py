@@ -23,7 +23,7 @@ DISTILL = ["model.num_layers=2", "distill.teacher_recipe=gpt-tiny", "distill.tea
 def tp1(single_rank_megatron):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from pretrain.engines.megatron import cpu_compat
+    from pretrain.engines import cpu_compat
     cpu_compat.apply()
     model_parallel_cuda_manual_seed(1234)
 

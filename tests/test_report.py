@@ -46,7 +46,7 @@ def _steps(m: Metrics, first: int, last: int, attempt: int, consumed: int, nan_a
 def run_dir(tmp_path_factory):
     run = tmp_path_factory.mktemp("report") / "run"
     cfg = _config()
-    m = Metrics(cfg, run, enabled=True)                          # start 0
+    m = Metrics(cfg, run, enabled=True, flops_per_token=1e9, peak_tflops=None)  # start 0
     consumed = _steps(m, 1, 10, 0, 0, nan_at=5)
     m.event({"kind": "nonfinite", "step": 5, "loss": math.nan, "grad_norm": math.inf, "action": "skip"})
     m.evaluation(10, "valid", 7.2)
@@ -59,13 +59,13 @@ def run_dir(tmp_path_factory):
     m.event({"kind": "preempted", "step": 20, "signal": "SIGUSR1"})
     m.close()
     for start, (resumed, killed_at) in enumerate(((20, 26), (24, 30)), start=1):
-        m = Metrics(cfg, run, enabled=True)                      # a restart appends
+        m = Metrics(cfg, run, enabled=True, flops_per_token=1e9, peak_tflops=None)  # a restart appends
         m.skipped_total = 1                                      # as the loop restores it from the checkpoint
         m.event({"kind": "resume", "step": resumed, "checkpoint": f"ckpt/step_{resumed}",
                  "checkpoint_step": resumed, "skipped": [], "weights_only": False})
         _steps(m, resumed + 1, killed_at, 1 + start, resumed * 32 + 4 * 32)
         m.close()
-    m = Metrics(cfg, run, enabled=True)
+    m = Metrics(cfg, run, enabled=True, flops_per_token=1e9, peak_tflops=None)
     m.evaluation(30, "test", 6.1)
     m.close()
     with open(run / "metrics.jsonl", "a") as f:                  # killed in the middle of a write
@@ -119,7 +119,7 @@ def test_report_plot_draws_against_steps_with_events_at_their_steps(run_dir, cap
 
 
 def test_memory_panel_says_not_recorded(tmp_path):
-    m = Metrics(_config(log_memory=False), tmp_path, enabled=True)
+    m = Metrics(_config(log_memory=False), tmp_path, enabled=True, flops_per_token=1e9, peak_tflops=None)
     _steps(m, 1, 4, 0, 0)
     m.close()
     _, data = report.summarize(tmp_path)
@@ -155,12 +155,12 @@ def test_make_report_and_compare_need_no_torch_and_no_tracker(run_dir, tmp_path)
 def test_a_resumed_run_is_not_glued_to_a_cut_line(tmp_path):
     """kill -9 in the middle of a metrics.jsonl write leaves a line without its newline; the resumed run's
     Metrics ends it before appending, so only the cut fragment is lost, not the resumed run's first record."""
-    m = Metrics(_config(), tmp_path, enabled=True)
+    m = Metrics(_config(), tmp_path, enabled=True, flops_per_token=1e9, peak_tflops=None)
     _steps(m, 1, 2, 0, 0)
     m.close()
     with open(tmp_path / "metrics.jsonl", "a") as f:             # killed in the middle of a write
         f.write('{"kind": "train", "st')
-    m = Metrics(_config(), tmp_path, enabled=True)
+    m = Metrics(_config(), tmp_path, enabled=True, flops_per_token=1e9, peak_tflops=None)
     _steps(m, 3, 4, 1, 64)
     m.close()
     records, unreadable = report.read_jsonl(tmp_path / "metrics.jsonl")

@@ -253,8 +253,8 @@ def test_z_loss_adds_coeff_times_logsumexp_squared(single_rank_megatron):
         lse = torch.cat([torch.logsumexp(model(mb["tokens"], mb["position_ids"], None).float(), dim=-1).reshape(-1)
                          for mb in step])
     a, b = plain.train_step(step, 1e-3), with_z.train_step(step, 1e-3)
-    assert b.loss == pytest.approx(a.loss, rel=1e-6) and a.z_loss is None
-    assert b.z_loss == pytest.approx(1e-2 * lse.square().mean().item(), rel=1e-5)
+    assert b.loss == pytest.approx(a.loss, rel=1e-6) and "z_loss" not in a.terms
+    assert b.terms["z_loss"] == pytest.approx(1e-2 * lse.square().mean().item(), rel=1e-5)
     assert abs(b.grad_norm - a.grad_norm) > 1e-4
 
 
@@ -273,11 +273,11 @@ def test_rollback_reshuffles_the_window_then_stops_after_max_rollbacks(tmp_path,
     untouched), the 2nd spike rolls back to the step-3 checkpoint and replays samples 24..39 in a
     seeded new order; steps 4 and 5 spike again and, with max_rollbacks=1, the run stops with a report."""
     from pretrain.config.compose import load_recipe
-    from pretrain.engines.registry import create_engine
-    from pretrain.loop import RunStopped, Trainer
+    from pretrain.loop import RunStopped
+    from pretrain.train import trainer_for
     extra = ["parallel=ds-zero1"] if engine == "deepspeed" else []
     cfg = load_recipe("gpt-tiny", POLICY + extra + [f"run_dir={tmp_path}"])
-    trainer = Trainer(cfg, create_engine(cfg), tmp_path)
+    trainer = trainer_for(cfg, tmp_path)
     with pytest.raises(RunStopped, match=r"after 1 rollbacks \(stability.max_rollbacks=1\)"):
         trainer.train()
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
@@ -325,14 +325,13 @@ def test_a_signal_saves_the_step_and_exits_for_requeue_then_the_run_resumes_exac
     start resumes there and steps 4-6 equal the uninterrupted run's."""
 
     from pretrain.config.compose import load_recipe
-    from pretrain.engines.registry import create_engine
-    from pretrain.loop import Trainer
     from pretrain.stability.preemption import RunPreempted
+    from pretrain.train import trainer_for
     common = POLICY[:12] + ["schedule.train_iters=6", "checkpoint.save_final=false", "stability.watchdog_minutes=0"]
 
     def trainer(name, extra=()):
         cfg = load_recipe("gpt-tiny", common + list(extra) + [f"run_dir={tmp_path / name}"])
-        return Trainer(cfg, create_engine(cfg), tmp_path / name)
+        return trainer_for(cfg, tmp_path / name)
 
     def losses(name):
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
@@ -380,10 +379,9 @@ NAN_RUN = POLICY[:9] + ["eval.eval_iters=1", "eval.final_test=false", "logging.l
 
 def in_process(tmp_path, name, overrides):
     from pretrain.config.compose import load_recipe
-    from pretrain.engines.registry import create_engine
-    from pretrain.loop import Trainer
+    from pretrain.train import trainer_for
     cfg = load_recipe("gpt-tiny", NAN_RUN + overrides + [f"run_dir={tmp_path / name}"])
-    return Trainer(cfg, create_engine(cfg), tmp_path / name)
+    return trainer_for(cfg, tmp_path / name)
 
 
 @pytest.mark.slow

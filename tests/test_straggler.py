@@ -46,7 +46,7 @@ def detector(tmp_path, **straggler):
     overrides = ["cluster.devices_per_node=1", "logging.tensorboard=false", "straggler.interval=4",
                  f"cluster.bad_nodes_file={tmp_path / 'bad_nodes.txt'}"]
     cfg = load_recipe("gpt-tiny", overrides + [f"straggler.{k}={v}" for k, v in straggler.items()])
-    d = StragglerDetector(cfg, Metrics(cfg, tmp_path, enabled=True))
+    d = StragglerDetector(cfg, Metrics(cfg, tmp_path, enabled=True, flops_per_token=1e9, peak_tflops=None))
     d.world, d.hosts, d.stages, d.streak = 4, HOSTS, [0] * 4, [0] * 4    # four ranks' times fed to verdict()
     return d
 

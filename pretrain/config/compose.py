@@ -8,6 +8,7 @@ Two ways in, one way through `finalize`:
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import re
 import sys
@@ -108,10 +109,17 @@ def finalize(cfg: DictConfig, recipe: Optional[str] = None) -> JobConfig:
     return job
 
 
+@functools.lru_cache(maxsize=8)
+def _composed_teacher(recipe: str, overrides: tuple) -> JobConfig:
+    return load_recipe(recipe, list(overrides))
+
+
 def teacher_of(job: JobConfig) -> Optional[JobConfig]:
-    """The composed `distill.teacher_recipe` (with `distill.teacher_overrides`), or None without distillation."""
+    """The composed `distill.teacher_recipe` (with `distill.teacher_overrides`), or None without distillation.
+    Composed once per process (validation, the run's task and the planner share it): do not modify it;
+    teacher_at_layout copies it."""
     d = job.distill
-    return load_recipe(d.teacher_recipe, d.teacher_overrides) if d.enabled else None
+    return _composed_teacher(d.teacher_recipe, tuple(d.teacher_overrides)) if d.enabled else None
 
 
 def teacher_at_layout(job: JobConfig, teacher: JobConfig) -> JobConfig:

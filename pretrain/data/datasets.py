@@ -27,10 +27,8 @@ from preprocessing.indexed_io import pair_problem
 
 from ..config.derive import batch_ramp
 from ..config.schema import JobConfig
-from ..engines.base import MicroBatch
-from ..objectives.registry import objective_for
 from .fim import with_fim
-from .packing import uses_mask
+from .packing import MicroBatch, uses_mask
 
 
 @dataclass
@@ -61,16 +59,9 @@ def data_version(prefixes: List[str]) -> str:
 
 def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_samples: int,
                    is_built_on_rank=lambda: True):
-    """(train, valid, test) GPTDatasets of at least the given sizes (mock data when data.mock).
-    With data.mix_phases, train is a list: one GPTDataset per train source (pretrain/data_mix.py).
-    An objective other than next-token prediction builds its own samples (pretrain/objectives/)."""
-    objective = objective_for(cfg)
-    if objective is not None:
-        splits = objective.build_datasets([train_samples, eval_samples, test_samples], is_built_on_rank)
-        for dataset in splits:
-            if dataset is not None:
-                dataset.batch_keys = objective.batch_keys       # what StepBatches stacks (collate)
-        return splits
+    """(train, valid, test) GPTDatasets of at least the given sizes (mock data when data.mock): the samples of
+    next-token prediction (pretrain/objectives/causal.py; the other objectives build their own).
+    With data.mix_phases, train is a list: one GPTDataset per train source (pretrain/data_mix.py)."""
     if cfg.data.mock:
         blend_per_split, cache, tok = None, cfg.data.cache_dir, DatasetTokenizer(cfg.model.vocab_size, 0)
     else:
@@ -123,9 +114,17 @@ MADE_MASK = "attention_mask"    # a GPTDataset sample holds it where create_atte
 
 
 def batch_keys(dataset) -> Tuple[str, ...]:
-    """The keys a micro-batch of `dataset` holds: the objective's `batch_keys` (build_datasets marks its datasets
-    with them), else GPTDataset's."""
+    """The keys a micro-batch of `dataset` holds: the objective's `batch_keys` (`mark_batch_keys` marks its
+    datasets with them), else GPTDataset's."""
     return tuple(getattr(dataset, "batch_keys", GPT_KEYS))
+
+
+def mark_batch_keys(splits: Sequence, keys: Tuple[str, ...]) -> tuple:
+    """`splits` (train, valid, test; None where absent) marked with the keys their micro-batches stack."""
+    for dataset in splits:
+        if dataset is not None:
+            dataset.batch_keys = keys
+    return tuple(splits)
 
 
 def collate(samples: List[Dict[str, torch.Tensor]], keys: Sequence[str] = GPT_KEYS) -> Dict[str, torch.Tensor]:
@@ -136,7 +135,7 @@ def collate(samples: List[Dict[str, torch.Tensor]], keys: Sequence[str] = GPT_KE
     if missing:
         raise KeyError(f"a sample lacks the batch key(s) {missing} its dataset declares ({list(keys)}); it holds "
                        f"{sorted(first)}. Fix: the dataset's __getitem__ returns every key of the objective's "
-                       "batch_keys (pretrain/objectives/base.py).")
+                       "batch_keys (pretrain/engines/base.py: Objective).")
     keys = list(keys) + ([MADE_MASK] if MADE_MASK in first and MADE_MASK not in keys else [])
     return {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in keys}
 

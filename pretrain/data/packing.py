@@ -25,6 +25,8 @@ import torch
 
 from ..config.schema import JobConfig
 
+MicroBatch = Dict[str, torch.Tensor]          # tokens, labels, loss_mask, position_ids: [micro_batch, seq]
+
 
 def uses_mask(cfg: JobConfig) -> bool:
     """The explicit s x s mask (CPU) rather than the thd path (GPUs)."""

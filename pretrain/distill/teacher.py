@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from common.config import ConfigError
 
 from ..checkpoint.store import resolve
-from ..config.compose import teacher_at_layout, teacher_of
+from ..config.compose import teacher_at_layout
 from ..config.schema import JobConfig
 from ..engines.megatron.checkpointing import load_model_weights, unwrap
 from ..model.gpt import build_gpt_model, transformer_config
@@ -65,11 +65,12 @@ def checkpoint_shape_problems(teacher: JobConfig, meta: dict) -> list[str]:
             if key in theirs and theirs[key] != value]
 
 
-def build_teacher(cfg: JobConfig, on_cpu: bool):
-    """The frozen teacher of the student job `cfg` at the current parallel state (PP=1): its recipe's GPTModel,
-    weights from distill.teacher_checkpoint, eval mode, on the GPU unless `on_cpu`, wrapped in megatron-core's
-    Float16Module (bf16/fp16 params, fp32 logits) when the student runs in half precision."""
-    teacher = teacher_config(cfg, teacher_of(cfg))
+def build_teacher(cfg: JobConfig, composed: JobConfig, on_cpu: bool):
+    """The frozen teacher of the student job `cfg` at the current parallel state (PP=1): the GPTModel of its
+    `composed` recipe (config/compose.py teacher_of), weights from distill.teacher_checkpoint, eval mode, on the
+    GPU unless `on_cpu`, wrapped in megatron-core's Float16Module (bf16/fp16 params, fp32 logits) when the
+    student runs in half precision."""
+    teacher = teacher_config(cfg, composed)
     ck = resolve(cfg.distill.teacher_checkpoint)
     problems = checkpoint_shape_problems(teacher, ck.meta)
     if problems:

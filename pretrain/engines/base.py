@@ -1,26 +1,31 @@
 """The contract between the training loop and an engine (OLMo-core's TrainModule).
 
 The loop (pretrain/loop.py) owns the step, the data position, the LR and batch schedules,
-the stability policy and the checkpoint directories; an `Engine` owns the model, the
-optimizer, the parallel layout and the bytes of a checkpoint. Engines register by name
-(`register_engine`, pretrain/engines/registry.py) and `parallel.engine` picks one.
+the stability policy and the checkpoint directories; an `Engine` owns the model's parallel
+wrapping, the optimizer, the parallel layout and the bytes of a checkpoint. What it trains - the
+model, its inputs, its loss and the terms reported beside it - is an `Objective`, handed to the
+engine when it is created (pretrain/objectives/task.py builds it once per run); the engine never
+asks which objective, adapter or loss term is on. Engines register by name (`register_engine`,
+pretrain/engines/registry.py) and `parallel.engine` picks one.
 """
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar, Dict, List, Optional
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from ..config.schema import JobConfig
+from ..data.packing import MicroBatch
 from ..dist import is_logging_rank, log
+from ..model.init import layout_invariant_init
 
-MicroBatch = Dict[str, torch.Tensor]          # tokens, labels, loss_mask, position_ids: [micro_batch, seq]
 Approve = Callable[[float, float], bool]      # (loss, grad_norm) -> apply the update?
+LossFunc = Callable[[torch.Tensor], Tuple[torch.Tensor, Dict[str, torch.Tensor]]]
 
 
 @dataclass
@@ -30,10 +35,77 @@ class StepResult:
     skipped: bool               # update not applied (fp16 overflow, or rejected)
     loss_scale: Optional[float]
     rejected: bool = False      # skipped because the loop's spike policy said so
-    z_loss: Optional[float] = None   # mean z-loss term (model.z_loss_coeff > 0), not included in `loss`
-    moe: Optional[dict] = None       # MoE router losses and expert load (pretrain/engines/megatron/moe_stats.py)
-    distill: Optional[dict] = None   # kd_loss, teacher_loss (, hidden_loss) of a distillation step; `loss` is its CE
-    terms: Optional[dict] = None     # an objective's parts of `loss` (mlm_loss, binary_loss: pretrain/objectives/)
+    # Named values beside `loss`, the same on every rank: the objective's reported terms, each the step's mean over
+    # micro-batches and DP (z_loss, mtp_loss, mlm_loss, kd_loss, ...), and the engine's own (MoE router losses and
+    # expert load; moe_layers, the per-layer expert counts, is the one table among the scalars).
+    terms: Dict[str, Any] = field(default_factory=dict)
+
+
+class Objective(ABC):
+    """What an engine trains: the model of one pipeline stage, the samples, the forward and the loss.
+
+    Built once per run, before the engine (pretrain/objectives/task.py); objectives register by `objective.name`
+    (pretrain/objectives/registry.py), next-token prediction (causal_lm) among them. Wrappers adapt an
+    objective without the engine knowing (pretrain/objectives/adapters.py: a PEFT method on its model, a
+    distillation teacher around its forward). The engine calls, in order: `build_model` then `prepare` for each
+    model chunk (before its precision wrapper and data-parallel wrapping), `after_optimizer` once its optimizer
+    exists, then `forward` inside its forward/backward and `step_terms` after each training step's backward."""
+
+    name: ClassVar[str]
+    batch_keys: ClassVar[Tuple[str, ...]]       # what a sample holds (tensors), stacked into micro-batches
+    metric_keys: Tuple[str, ...] = ()           # reported beside "lm loss" (the trained total), e.g. "mlm loss"
+
+    def __init__(self, cfg: JobConfig):
+        self.cfg = cfg
+
+    @abstractmethod
+    def build_model(self, config, *, vp_stage: Optional[int] = None, pre_process: bool = True,
+                    post_process: bool = True) -> torch.nn.Module:
+        """The model on this rank at the current megatron-core parallel state (`config`: the engine's
+        TransformerConfig), fp32 params, on CPU or the current CUDA device as megatron-core places it."""
+
+    def prepare(self, model: torch.nn.Module, config, gather=None) -> None:
+        """After `build_model`, before any cast or wrapper: the layout-invariant initialisation
+        (model.layout_invariant_init; `gather(param)`: a context making a ZeRO-3 partitioned parameter whole)."""
+        if self.cfg.model.layout_invariant_init:
+            layout_invariant_init(self.cfg, model, self.first_layer(model), **({"gather": gather} if gather else {}))
+
+    def first_layer(self, model: torch.nn.Module) -> int:
+        """The global index of this chunk's first layer (its initialisation draws depend on it)."""
+        return 0
+
+    @abstractmethod
+    def build_datasets(self, sizes: Sequence[int], is_built_on_rank: Callable[[], bool]) -> tuple:
+        """(train, valid, test): each `len()` and `[index] -> {key: tensor}` with `batch_keys`, of at least
+        `sizes[i]` samples (None where the blend has no such split). Sample i depends on (seed, split, i) only."""
+
+    @abstractmethod
+    def forward(self, model: torch.nn.Module, batch: MicroBatch) -> Tuple[torch.Tensor, LossFunc]:
+        """Run `model` on a micro-batch (tensors already on the device). Returns its output and the function
+        that turns the output into (loss to backpropagate, {"lm loss": the same loss detached, and each of
+        `metric_keys` detached}): token means over this micro-batch."""
+
+    def pipeline_shape(self, seq_length: int, micro_batch_size: int) -> Tuple[int, int]:
+        """(sequence length, micro-batch size) of a micro-batch as the model's activations carry it between
+        pipeline stages (megatron-core's p2p shapes): the samples' own by default."""
+        return seq_length, micro_batch_size
+
+    def after_optimizer(self, model: List[torch.nn.Module], optimizer, log: Callable[[str], None]) -> None:
+        """Once the engine's optimizer is built (a frozen base's weights are loaded here); nothing by default."""
+        return None
+
+    def step_terms(self, num_microbatches: int, device) -> Dict[str, float]:
+        """Terms that the model tracks itself rather than returning from the loss (multi-token prediction's),
+        read after a training step's backward: every rank calls it, and it may run collectives."""
+        return {}
+
+    def checkpoint_keys(self) -> Optional[Callable[[str], bool]]:
+        """Which model keys the run's checkpoints hold (None: all; a PEFT run: its added parameters)."""
+        return None
+
+    def checkpoint_meta(self) -> dict:
+        """What this objective adds to a checkpoint's meta.json (a PEFT run: its base)."""
+        return {}
 
 
 def label_logprobs(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -18,5 +18,6 @@ def register_engine(name: str):
     return ENGINES.register(name)
 
 
-def create_engine(cfg):
-    return ENGINES.get(cfg.parallel.engine)(cfg)
+def create_engine(cfg, objective):
+    """The engine of `parallel.engine` training `objective` (pretrain/objectives/task.py builds it)."""
+    return ENGINES.get(cfg.parallel.engine)(cfg, objective)

@@ -35,6 +35,7 @@ from ..config.schema import JobConfig
 from ..data.tokenizer import run_tokenizer
 from ..model import hf_mapping
 from ..model.hf_mapping import State, from_hf, window_mismatch
+from ..peft.registry import PEFT_METHODS
 from . import bert_export, deepseek_export
 from .mtp_export import drop_mtp, note_text
 
@@ -86,9 +87,12 @@ def single_rank() -> None:
 
 
 def megatron_engine(cfg: JobConfig):
+    """The megatron engine of `cfg` in this one process: the student alone (single_process), adapters attached."""
     from ..engines.megatron.engine import MegatronEngine
+    from ..objectives.task import build_task
     single_rank()
-    return MegatronEngine(single_process(cfg))
+    job = single_process(cfg)
+    return MegatronEngine(job, build_task(job).objective)
 
 
 def model_state(ck: Checkpoint, cfg: JobConfig) -> State:
@@ -108,7 +112,7 @@ def megatron_state(ck: Checkpoint, cfg: JobConfig):
     engine = megatron_engine(cfg)
     engine.load_checkpoint(ck.engine_dir, ck.meta, weights_only=True)
     state = {k: v for k, v in unwrap(engine.model[0]).state_dict().items() if not k.endswith("_extra_state")}
-    return state, engine.frozen.peft
+    return state, PEFT_METHODS.get(cfg.peft.method)(cfg) if cfg.peft.enabled else None
 
 
 def hf_model_class(cfg: JobConfig):

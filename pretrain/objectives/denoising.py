@@ -11,10 +11,11 @@ from typing import Sequence
 
 import torch
 
-from ..engines.common import token_mean_loss
+from ..data.datasets import mark_batch_keys
+from ..engines.base import MicroBatch, Objective
 from ..model.bert import local_spec_config
 from ..model.t5 import build_t5_model, t5_attention_masks
-from .base import Batch, Objective
+from .losses import token_mean_loss
 from .registry import register_objective
 from .samples import build_samples
 
@@ -25,14 +26,16 @@ class Denoising(Objective):
     batch_keys = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask")
     metric_keys = ()
 
-    def build_model(self, *, pre_process: bool = True, post_process: bool = True) -> torch.nn.Module:
+    def build_model(self, config=None, *, vp_stage=None, pre_process: bool = True,
+                    post_process: bool = True) -> torch.nn.Module:
         return build_t5_model(self.cfg, local_spec_config(self.cfg), pre_process=pre_process,
                               post_process=post_process)
 
     def build_datasets(self, sizes: Sequence[int], is_built_on_rank) -> tuple:
-        return build_samples(self.cfg, sizes)      # every rank reads its own (samples.py: no collectives)
+        # every rank reads its own (samples.py: no collectives)
+        return mark_batch_keys(build_samples(self.cfg, sizes), self.batch_keys)
 
-    def forward(self, model: torch.nn.Module, batch: Batch):
+    def forward(self, model: torch.nn.Module, batch: MicroBatch):
         loss_mask = batch["loss_mask"]
         labels = batch["labels"].masked_fill(loss_mask == 0, 0)     # unscored positions: any valid id
         enc, dec, cross = t5_attention_masks(batch["enc_mask"], batch["dec_mask"])

@@ -13,8 +13,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..data.datasets import mark_batch_keys
+from ..engines.base import MicroBatch, Objective
 from ..model.bert import build_bert_model, local_spec_config
-from .base import Batch, Objective
 from .registry import register_objective
 from .samples import build_samples
 
@@ -46,14 +47,16 @@ class MaskedLM(Objective):
         self.binary = self.head is not None
         self.metric_keys = ("mlm loss",) + ((f"{self.head} loss",) if self.binary else ())
 
-    def build_model(self, *, pre_process: bool = True, post_process: bool = True) -> torch.nn.Module:
+    def build_model(self, config=None, *, vp_stage=None, pre_process: bool = True,
+                    post_process: bool = True) -> torch.nn.Module:
         return build_bert_model(self.cfg, local_spec_config(self.cfg), pre_process=pre_process,
                                 post_process=post_process)
 
     def build_datasets(self, sizes: Sequence[int], is_built_on_rank) -> tuple:
-        return build_samples(self.cfg, sizes)      # every rank reads its own (samples.py: no collectives)
+        # every rank reads its own (samples.py: no collectives)
+        return mark_batch_keys(build_samples(self.cfg, sizes), self.batch_keys)
 
-    def forward(self, model: torch.nn.Module, batch: Batch):
+    def forward(self, model: torch.nn.Module, batch: MicroBatch):
         loss_mask = batch["loss_mask"]
         # Unpredicted positions may carry any label (-1, pad); their loss is masked out, so give them a valid id.
         labels = batch["labels"].masked_fill(loss_mask == 0, 0)

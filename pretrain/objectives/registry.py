@@ -1,4 +1,5 @@
-"""Objectives by name (`objective.name`): each module in this folder registers one."""
+"""Objectives by name (`objective.name`): each module in this folder registers one (causal_lm, masked_lm,
+denoising); objectives/task.py wraps the one of a run in its adapters."""
 from __future__ import annotations
 
 from common.registry import Registry
@@ -8,7 +9,5 @@ register_objective = OBJECTIVES.register
 
 
 def objective_for(cfg):
-    """The Objective of `cfg`, or None for causal_lm (the engines' own GPTModel path)."""
-    if cfg.objective.causal:
-        return None
+    """The registered Objective of `cfg` (objective.name), without adapters (objectives/task.py adds them)."""
     return OBJECTIVES.get(cfg.objective.name)(cfg)

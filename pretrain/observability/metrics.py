@@ -1,12 +1,14 @@
 """Metrics of the loop: a human-readable line, <run_dir>/metrics.jsonl and the experiment trackers
 (`logging.trackers`: TensorBoard, W&B, MLflow; pretrain/observability/trackers/).
 
-Throughput: tokens/s over the logging window; model TFLOP/s per device =
-training_flops (the planner's 6N + 12·L·s·H·Q with PEFT's and a teacher's terms, pretrain/plan/peft.py)
-x tokens/s / devices (BERT / T5: the logged tokens are encoder tokens, global batch x seq_length, and the FLOPs
-per token a sample's, decoder included, / seq_length: pretrain/model/inventory_encdec.py);
-MFU = that / the device's dense peak (pretrain/plan/hardware.py; none on CPU).
+Throughput: tokens/s over the logging window; model TFLOP/s per device = the FLOPs per trained token the run's
+task hands over (pretrain/objectives/task.py: 6N + 12·L·s·H·Q with PEFT's and a teacher's terms,
+pretrain/model/inventory_peft.py; BERT / T5: the logged tokens are encoder tokens, global batch x seq_length,
+and the FLOPs per token a sample's, decoder included, / seq_length) x tokens/s / devices;
+MFU = that / the device's dense peak, also handed over (pretrain/plan/hardware.py; none on CPU).
 Memory: max allocated on GPU, resident set size on CPU.
+A step's named terms (the objective's z_loss, mtp_loss, kd_loss, ...; the engine's MoE router statistics) are
+written as they arrive: the record and the console line take whatever names a step reports.
 """
 from __future__ import annotations
 
@@ -21,9 +23,6 @@ from typing import Optional
 import torch
 
 from ..config.schema import JobConfig
-from ..model.inventory import count_params
-from ..plan.hardware import device_name_to_type, peak_tflops
-from ..plan.peft import training_flops
 from .trackers.fanout import Trackers
 
 
@@ -33,29 +32,11 @@ def memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2   # KiB on Linux
 
 
-def moe_text(record: dict) -> str:
-    """The console's MoE part: router losses, the most/least loaded expert vs an even share, drops."""
-    if "moe_load_max" not in record:
-        return ""
-    short = {"moe_load_balancing_loss": "aux", "moe_seq_load_balancing_loss": "seq-aux",
-             "moe_global_load_balancing_loss": "global-aux", "moe_z_loss": "z"}
-    aux = "".join(f" {label} {record[name]:.4f}" for name, label in short.items() if name in record)
-    return (f" | moe{aux} load {record['moe_load_min']:.2f}-{record['moe_load_max']:.2f}x"
-            f" dropped {record['moe_dropped']:.1%}")
-
-
-def distill_text(record: dict) -> str:
-    """The console's distillation part (`loss` is then the student's cross-entropy)."""
-    if "kd_loss" not in record:
-        return ""
-    hidden = f" hidden {record['hidden_loss']:.4f}" if "hidden_loss" in record else ""
-    return f" | kd {record['kd_loss']:.4f} teacher {record['teacher_loss']:.4f}{hidden}"
-
-
-def terms_text(result) -> str:
-    """The console's objective part: the terms that `loss` sums (masked LM and the sentence-pair head)."""
-    terms = getattr(result, "terms", None) or {}
-    return " | " + " ".join(f"{k.replace('_loss', '')} {v:.4f}" for k, v in terms.items()) if terms else ""
+def terms_text(terms: dict) -> str:
+    """The console's part for a step's named scalars, in the order they arrive: '| name value' ('_loss' left off
+    the name: '| z 0.0012 | mtp 4.1032 | moe_load_max 1.093'); tables (moe_layers) go to the record only."""
+    return "".join(f" | {name.removesuffix('_loss')} {'n/a' if value is None else format(value, '.4g')}"
+                   for name, value in terms.items() if value is None or isinstance(value, (int, float)))
 
 
 def open_appending(path: Path):
@@ -73,12 +54,12 @@ def open_appending(path: Path):
 
 
 class Metrics:
-    def __init__(self, cfg: JobConfig, run_dir: Path, enabled: bool):
+    def __init__(self, cfg: JobConfig, run_dir: Path, enabled: bool, flops_per_token: float,
+                 peak_tflops: Optional[float]):
+        """`flops_per_token`: model FLOPs of one trained token (objectives/task.py); `peak_tflops`: the device's
+        dense peak in the run's precision, None where unknown (CPU): no MFU."""
         self.cfg, self.enabled = cfg, enabled
-        # the planner's count: a PEFT base's skipped weight gradients, a distillation teacher's forward included
-        self.flops_per_token = training_flops(cfg, count_params(cfg))["model"]
-        gpu = device_name_to_type(torch.cuda.get_device_name()) if torch.cuda.is_available() else "cpu"
-        self.peak = peak_tflops(gpu, cfg.precision.half)
+        self.flops_per_token, self.peak = flops_per_token, peak_tflops
         self.devices = cfg.derived.world_size
         self.window_start, self.window_tokens, self.window_samples = time.perf_counter(), 0, 0
         self.skipped_total = 0
@@ -112,14 +93,7 @@ class Metrics:
                   "tokens_per_s": tps, "samples_per_s": self.window_samples / elapsed,
                   "tflops_per_device": tflops, "mfu": tflops / self.peak if self.peak else None,
                   "memory_gib": memory_gib() if self.cfg.logging.log_memory else None, "time": time.time()}
-        if getattr(result, "z_loss", None) is not None:
-            record["z_loss"] = result.z_loss
-        if getattr(result, "moe", None):
-            record.update(result.moe)
-        if getattr(result, "distill", None):
-            record.update(result.distill)
-        if getattr(result, "terms", None):
-            record.update(result.terms)
+        record.update(result.terms)
         if mix_weights is not None:
             record["mix_weights"] = mix_weights
         self.reset_window()
@@ -131,7 +105,7 @@ class Metrics:
             print(f"step {record['step']:>6}/{self.cfg.derived.train_iters} | loss {record['loss']:.4f} | lr {lr:.3e} "
                   "| "
                   f"gnorm {gn} | batch {global_batch} | {tps:,.0f} tok/s | {tflops:.3f} TFLOP/s/dev{mfu} | "
-                  f"skipped {self.skipped_total}{mem}{moe_text(record)}{distill_text(record)}{terms_text(result)}",
+                  f"skipped {self.skipped_total}{mem}{terms_text(result.terms)}",
                   flush=True)
         return record
 

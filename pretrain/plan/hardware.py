@@ -110,3 +110,10 @@ def device(gpu_type: str) -> dict:
                        f"(have {', '.join(DEVICES)}); the layout search needs them. Fix: set cluster.gpu_type to "
                        "one of those, or add a row with its sources.")
     return DEVICES[gpu_type]
+
+
+def this_device_peak_tflops(half_precision: bool) -> Optional[float]:
+    """The dense peak of the device this process trains on (its first CUDA device; None on CPU)."""
+    import torch
+    gpu = device_name_to_type(torch.cuda.get_device_name()) if torch.cuda.is_available() else "cpu"
+    return peak_tflops(gpu, half_precision)

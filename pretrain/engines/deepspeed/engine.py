@@ -1,4 +1,4 @@
-"""The DeepSpeed engine: megatron-core's GPTModel (TP through parallel_state) under DeepSpeed ZeRO 0-3.
+"""The DeepSpeed engine: the objective's megatron-core model (TP through parallel_state) under DeepSpeed ZeRO 0-3.
 
 Same interface and loop semantics as the megatron engine (pretrain/loop.py): the loop hands a
 step's micro-batches and its LR; this engine marks the accumulation boundary itself (the loop
@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -23,10 +22,8 @@ import torch
 import torch.distributed as dist
 
 from ...config.schema import JobConfig
-from ...data.packing import model_inputs, uses_thd
-from ...objectives.registry import objective_for
-from ..base import Engine, StepResult, label_logprobs
-from ..common import exempt_from_weight_decay, init_distributed, token_mean_loss
+from ..base import Engine, Objective, StepResult, label_logprobs
+from ..common import exempt_from_weight_decay, init_distributed
 from . import cpu_compat
 from .ds_config import render
 
@@ -100,13 +97,13 @@ def arch_list_for_op_builder(value: str) -> str:
 class DeepSpeedEngine(Engine):
     name = "deepspeed"
 
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, objective: Objective):
         import deepspeed
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        from ..megatron import cpu_compat as megatron_cpu_compat
-        self.cfg = cfg
+        from .. import cpu_compat as megatron_cpu_compat
+        self.cfg, self.objective = cfg, objective
         self.on_cpu = megatron_cpu_compat.apply()     # the model is megatron-core's
         cpu_compat.apply()
         if os.environ.get("TORCH_CUDA_ARCH_LIST"):
@@ -128,33 +125,26 @@ class DeepSpeedEngine(Engine):
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
             (Path(cfg.run_dir) / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2) + "\n")
         self.mpu = MegatronMpu(ps)
-        self.objective = objective_for(cfg)           # masked LM; None: next-token (GPTModel)
         model = self._build_model(deepspeed)
         self.ds, _, _, _ = deepspeed.initialize(model=model, model_parameters=self._param_groups(model),
                                                 config=self.ds_config, mpu=self.mpu, dist_init_required=False)
         self.veto = _Veto(self)
+        objective.after_optimizer([self.ds.module], self.ds.optimizer, self._log)
 
     # ---- construction ---------------------------------------------------------------
     def _build_model(self, deepspeed):
-        from ...model.gpt import build_gpt_model, transformer_config
-        from ...model.init import layout_invariant_init
+        from ...model.gpt import transformer_config
         from .universal import set_universal_info
         cfg = self.cfg
         self.tconfig = transformer_config(cfg)
         stage3 = cfg.deepspeed.zero_stage == 3
-        build = self.objective.build_model if self.objective is not None else partial(build_gpt_model, cfg,
-                                                                                      self.tconfig)
         # ZeRO-3: parameters are partitioned as each module is built, never whole on one rank.
-        if stage3:
-            with deepspeed.zero.Init(config_dict_or_path=self.ds_config, mpu=self.mpu,
-                                     data_parallel_group=self.ps.get_data_parallel_group()):
-                model = build()
-        else:
-            model = build()
-        if cfg.model.layout_invariant_init:
-            gather = ((lambda p: deepspeed.zero.GatheredParameters([p], modifier_rank=0)) if stage3
-                      else (lambda p: contextlib.nullcontext()))
-            layout_invariant_init(cfg, model, 0, gather=gather)
+        with (deepspeed.zero.Init(config_dict_or_path=self.ds_config, mpu=self.mpu,
+                                  data_parallel_group=self.ps.get_data_parallel_group()) if stage3
+              else contextlib.nullcontext()):
+            model = self.objective.build_model(self.tconfig)
+        gather = (lambda p: deepspeed.zero.GatheredParameters([p], modifier_rank=0)) if stage3 else None
+        self.objective.prepare(model, self.tconfig, gather)
         if not self.on_cpu and not stage3:
             model.cuda(torch.cuda.current_device())
         set_universal_info(model, cfg)
@@ -173,16 +163,9 @@ class DeepSpeedEngine(Engine):
         return "cpu" if self.on_cpu else torch.cuda.current_device()
 
     def _micro_losses(self, batch: Dict[str, torch.Tensor]):
-        if self.objective is not None:
-            output, loss_func = self.objective.forward(self.ds, {k: v.to(self._device(), non_blocking=True)
-                                                                 for k, v in batch.items()})
-            return loss_func(output)
-        z = self.cfg.model.z_loss_coeff
-        batch = model_inputs({k: v.to(self._device(), non_blocking=True) for k, v in batch.items()},
-                             uses_thd(self.cfg, self.on_cpu))            # data.document_mask: data/packing.py
-        output = self.ds(batch["tokens"], batch["position_ids"], batch["attention_mask"],
-                         labels=None if z else batch["labels"], packed_seq_params=batch["packed_seq_params"])
-        return token_mean_loss(z, batch["loss_mask"], batch["labels"], output)
+        output, loss_func = self.objective.forward(self.ds, {k: v.to(self._device(), non_blocking=True)
+                                                             for k, v in batch.items()})
+        return loss_func(output)
 
     def _mean_over_dp(self, values: List[torch.Tensor]) -> List[float]:
         value = torch.stack([v.double() for v in values])
@@ -214,8 +197,8 @@ class DeepSpeedEngine(Engine):
         micro-batches and DP ranks whatever the batch size of this step."""
         self.set_lr(lr)
         self.ds.train()
-        n, z = len(micro_batches), bool(self.cfg.model.z_loss_coeff)
-        keys = ("lm loss",) + (("z loss",) if z else ()) + (self.objective.metric_keys if self.objective else ())
+        n = len(micro_batches)
+        keys = ("lm loss",) + self.objective.metric_keys
         sums = None
         for i, batch in enumerate(micro_batches):
             self.ds.set_gradient_accumulation_boundary(i == n - 1)
@@ -224,8 +207,9 @@ class DeepSpeedEngine(Engine):
             detached = [parts[k] for k in keys]
             sums = detached if sums is None else [a + b for a, b in zip(sums, detached, strict=True)]
         means = self._mean_over_dp([s / n for s in sums])
-        loss_value, z_value = means[0], (means[1] if z else None)
-        terms = {k.replace(" ", "_"): v for k, v in zip(keys[1:], means[1:], strict=True) if k != "z loss"} or None
+        loss_value = means[0]
+        terms = {k.replace(" ", "_"): v for k, v in zip(keys[1:], means[1:], strict=True)}
+        terms.update(self.objective.step_terms(n, self._device()))
         skipped_before = self.ds.skipped_steps
         self.veto.arm(approve, loss_value)
         if not hasattr(self.ds.optimizer, "_global_grad_norm"):
@@ -236,11 +220,10 @@ class DeepSpeedEngine(Engine):
         if overflow:
             if approve is not None and not self.cfg.precision.fp16:
                 approve(loss_value, math.inf)   # DeepSpeed skipped non-finite grads itself: the policy logs it
-            return StepResult(loss=loss_value, grad_norm=None, skipped=True, loss_scale=scale, z_loss=z_value,
-                              terms=terms)
+            return StepResult(loss=loss_value, grad_norm=None, skipped=True, loss_scale=scale, terms=terms)
         rejected = self.veto.decision is False
         return StepResult(loss=loss_value, grad_norm=self.veto.grad_norm, skipped=rejected, loss_scale=scale,
-                          rejected=rejected, z_loss=z_value, terms=terms)
+                          rejected=rejected, terms=terms)
 
     @torch.no_grad()
     def eval_loss(self, micro_batches) -> float:

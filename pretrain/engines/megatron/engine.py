@@ -1,14 +1,15 @@
-"""The megatron-core engine: GPTModel + parallel layout + DDP + Megatron optimizer.
+"""The megatron-core engine: the objective's model + parallel layout + DDP (or FSDP2) + Megatron optimizer.
 
-Implements `Engine` (pretrain/engines/base.py). Everything the engine owns (model chunks,
-optimizer, RNG) is reachable as attributes for checkpointing (checkpointing.py).
+Implements `Engine` (pretrain/engines/base.py) for the `Objective` it is handed (pretrain/objectives/): the
+objective builds each model chunk and runs its forward and loss inside megatron-core's pipeline schedule; the
+engine wraps, steps and checkpoints. Everything the engine owns (model chunks, optimizer, RNG) is reachable
+as attributes for checkpointing (checkpointing.py).
 """
 from __future__ import annotations
 
 from ...model import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
 
 import re
-from functools import partial
 from typing import Dict, List, Optional
 
 import torch
@@ -20,18 +21,14 @@ from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer.module import Float16Module
-from megatron.core.utils import get_batch_on_this_cp_rank, to_local_if_dtensor
+from megatron.core.utils import to_local_if_dtensor
 
 from ...config.schema import JobConfig
-from ...data.packing import model_inputs, scored_tokens, uses_thd
-from ...model.gpt import build_gpt_model, transformer_config
-from ...model.init import layout_invariant_init
-from ...model.mtp import mtp_step_loss
-from ...objectives.registry import objective_for
-from ..base import Engine, StepResult, label_logprobs
-from ..common import context_parallel_loss, init_distributed, token_mean_loss
-from . import checkpointing, cpu_compat, fsdp2, optimizer_state
-from .frozen_parts import FrozenParts
+from ...model.gpt import transformer_config
+from .. import cpu_compat
+from ..base import Engine, Objective, StepResult, label_logprobs
+from ..common import init_distributed
+from . import checkpointing, fsdp2, optimizer_state
 from .moe_stats import MoEStats
 from .optimizers import build_optimizer
 
@@ -49,8 +46,8 @@ def keep_experts_apart(chunk: torch.nn.Module) -> None:
 class MegatronEngine(Engine):
     name = "megatron"
 
-    def __init__(self, cfg: JobConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: JobConfig, objective: Objective):
+        self.cfg, self.objective = cfg, objective
         self._async_queue = None
         self.on_cpu = cpu_compat.apply()
         init_distributed(cfg.stability.distributed_timeout_minutes, cfg.derived.world_size)
@@ -68,16 +65,12 @@ class MegatronEngine(Engine):
         model_parallel_cuda_manual_seed(cfg.seed)
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_size = ps.get_data_parallel_world_size()
-        self.frozen = FrozenParts(cfg, self.on_cpu)      # PEFT's frozen base, a distillation teacher
-        self.objective = objective_for(cfg)              # masked LM, denoising; None: next-token (GPTModel)
-        self.checkpoint_keys = self.frozen.checkpoint_keys
+        self.checkpoint_keys = objective.checkpoint_keys()
         self.model = self._build_model()
         self.optimizer = self._build_optimizer()
-        self.frozen.ready(self.model, self.optimizer, self._log)
+        objective.after_optimizer(self.model, self.optimizer, self._log)
         self._wire_grad_hooks()
         self.moe_stats = MoEStats(cfg, self.model, ps) if cfg.moe.enabled else None
-        if cfg.data.document_mask or cfg.data.eod_mask_loss:
-            self._log(f"[data] {scored_tokens(cfg)}")
 
     # ---- construction ---------------------------------------------------------------
     def _build_model(self) -> List[torch.nn.Module]:
@@ -89,15 +82,8 @@ class MegatronEngine(Engine):
             vp_stage = vp if vpp else None
             first = ps.is_pipeline_first_stage(ignore_virtual=vpp is None, vp_stage=vp_stage)
             last = ps.is_pipeline_last_stage(ignore_virtual=vpp is None, vp_stage=vp_stage)
-            if self.objective is not None:          # one pipeline stage (config/objective.py refuses PP)
-                chunk = self.objective.build_model(pre_process=first, post_process=last)
-                if cfg.model.layout_invariant_init:
-                    layout_invariant_init(cfg, chunk, 0)
-            else:
-                chunk = build_gpt_model(cfg, self.tconfig, vp_stage=vp_stage, pre_process=first, post_process=last)
-                if cfg.model.layout_invariant_init:
-                    layout_invariant_init(cfg, chunk, chunk.decoder.layers[0].layer_number - 1)   # before any cast
-            self.frozen.adapt(chunk, self.tconfig)
+            chunk = self.objective.build_model(self.tconfig, vp_stage=vp_stage, pre_process=first, post_process=last)
+            self.objective.prepare(chunk, self.tconfig)          # initialised and adapted before any cast
             if not self.on_cpu:
                 chunk.cuda(torch.cuda.current_device())
             if cfg.precision.half:
@@ -139,42 +125,25 @@ class MegatronEngine(Engine):
 
     # ---- steps ----------------------------------------------------------------------
     def _forward_backward(self, micro_batches: List[Dict[str, torch.Tensor]], forward_only: bool):
-        device = "cpu" if self.on_cpu else torch.cuda.current_device()
-
-        z_coeff = self.cfg.model.z_loss_coeff
-
-        thd = uses_thd(self.cfg, self.on_cpu)     # data.document_mask on GPUs: one packed row per micro-batch
-        cp = ps.get_context_parallel_world_size()
-        loss_func = partial(context_parallel_loss, ps.get_context_parallel_group()) if cp > 1 else token_mean_loss
-        peft, distiller = self.frozen.peft, self.frozen.distiller
-
+        device = self._device()
         objective = self.objective
 
         def forward_step(data_iterator, model):
-            raw = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
-            if objective is not None:
-                return objective.forward(model, raw)
-            batch = model_inputs(peft.transform_batch(raw) if peft is not None else raw, thd)
-            if cp > 1:              # this rank's 2 of the 2*CP sequence chunks, as Megatron-LM's get_batch
-                batch = get_batch_on_this_cp_rank(batch)
-            if distiller is not None:                            # the teacher first, then the student's logits
-                distiller.teacher_forward(batch)
-                output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
-                return output, partial(distiller.loss, batch["loss_mask"], batch["labels"])
-            labels = None if z_coeff else batch["labels"]       # with z-loss the logits come back
-            output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=labels,
-                           packed_seq_params=batch["packed_seq_params"],
-                           loss_mask=batch["loss_mask"])   # MTP's rolled loss masks (model/mtp.py); else unused
-            return output, partial(loss_func, z_coeff, batch["loss_mask"], batch["labels"])
+            batch = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
+            return objective.forward(model, batch)
 
         vpp = self.cfg.parallel.virtual_pipeline_model_parallel_size
         iterator = iter(micro_batches) if not vpp else [iter(micro_batches) for _ in range(vpp)]
+        seq_length, micro_batch_size = objective.pipeline_shape(self.cfg.model.seq_length,
+                                                                self.cfg.batch.micro_batch_size)
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iterator,
             model=self.model if len(self.model) > 1 else self.model[0],
-            num_microbatches=len(micro_batches), forward_only=forward_only,   # PP p2p shapes: [s, b, h] or [b*s, 1, h]
-            seq_length=self.cfg.model.seq_length * (self.cfg.batch.micro_batch_size if thd else 1),
-            micro_batch_size=1 if thd else self.cfg.batch.micro_batch_size)
+            num_microbatches=len(micro_batches), forward_only=forward_only,   # PP p2p shapes: [s, b, h]
+            seq_length=seq_length, micro_batch_size=micro_batch_size)
+
+    def _device(self):
+        return "cpu" if self.on_cpu else torch.cuda.current_device()
 
     def _mean_losses(self, outputs, keys=("lm loss",)) -> List[float]:
         """`keys` on the last PP stage averaged over micro-batches and DP, shared with all ranks:
@@ -211,52 +180,36 @@ class MegatronEngine(Engine):
             chunk.train()
         bias = self.moe_stats.bias_snapshot() if self.moe_stats is not None else None
         outputs = self._forward_backward(micro_batches, forward_only=False)
-        distilled = self.frozen.loss_keys()
-        if self.objective is not None:
-            keys = self.objective.metric_keys
-            loss, *parts = self._mean_losses(outputs, ("lm loss",) + keys)
-            result = self._update(loss, None, approve, None)
-            result.terms = {k.replace(" ", "_"): v for k, v in zip(keys, parts, strict=True)} or None
-            return result
-        if self.cfg.model.z_loss_coeff:
-            loss, z_loss = self._mean_losses(outputs, ("lm loss", "z loss"))
-        elif distilled:
-            loss, *terms = self._mean_losses(outputs, ("lm loss",) + distilled)
-            z_loss, distilled = None, {k.replace(" ", "_"): v for k, v in zip(distilled, terms, strict=True)}
-        else:
-            (loss,), z_loss = self._mean_losses(outputs), None
-        moe = None
+        keys = self.objective.metric_keys
+        loss, *parts = self._mean_losses(outputs, ("lm loss",) + keys)
+        terms = {k.replace(" ", "_"): v for k, v in zip(keys, parts, strict=True)}
         if self.moe_stats is not None:     # collectives on every rank, whatever the policy decides next
-            moe = self.moe_stats.collect(len(micro_batches), "cpu" if self.on_cpu else torch.cuda.current_device())
-        result = self._update(loss, z_loss, approve, moe)
-        result.distill = distilled or None
-        if self.cfg.model.mtp_num_layers:   # model.mtp_num_layers: the MTP loss beside `loss` (not in it)
-            device = "cpu" if self.on_cpu else torch.cuda.current_device()
-            result.terms = {"mtp_loss": mtp_step_loss(len(micro_batches), self.ps.get_data_parallel_group(),
-                                                      self.dp_size, device)}
+            terms.update(self.moe_stats.collect(len(micro_batches), self._device()))
+        result = self._update(loss, terms, approve)
+        result.terms.update(self.objective.step_terms(len(micro_batches), self._device()))
         if result.skipped and bias:          # a skipped step leaves the routing as it was, too
             self.moe_stats.restore(bias)
         return result
 
-    def _update(self, loss: float, z_loss, approve, moe) -> StepResult:
+    def _update(self, loss: float, terms: dict, approve) -> StepResult:
         """The optimizer step of train_step, after the forward/backward: unscale, norm, policy, clip, step."""
         opt = self.optimizer
         # ChainedOptimizer.step, opened up so the policy can look between the norm and the update.
         overflow = opt.prepare_grads()               # unscales; on fp16 overflow the scaler backs off
         scale = float(opt.get_loss_scale()) if self.cfg.precision.fp16 else None
         if overflow:
-            return StepResult(loss=loss, grad_norm=None, skipped=True, loss_scale=scale, z_loss=z_loss, moe=moe)
+            return StepResult(loss=loss, grad_norm=None, skipped=True, loss_scale=scale, terms=terms)
         grad_norm = float(opt.get_grad_norm())
         if approve is not None and not approve(loss, grad_norm):
             return StepResult(loss=loss, grad_norm=grad_norm, skipped=True, loss_scale=scale, rejected=True,
-                              z_loss=z_loss, moe=moe)
+                              terms=terms)
         for leaf in optimizer_state.leaves(opt):
             params = leaf.get_parameters()
             if params and leaf.config.clip_grad > 0.0:
                 clip_grad_by_total_norm_fp32(params, max_norm=leaf.config.clip_grad, total_norm=grad_norm,
                                              use_decoupled_grad=leaf.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
         ok = opt.step_with_ready_grads()
-        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not ok, loss_scale=scale, z_loss=z_loss, moe=moe)
+        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not ok, loss_scale=scale, terms=terms)
 
     @torch.no_grad()
     def eval_loss(self, micro_batches) -> float:
@@ -301,7 +254,8 @@ class MegatronEngine(Engine):
     # ---- checkpoints (pretrain/checkpoint/store.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:
         return {"engine": self.name, "precision": self.cfg.precision.dtype, "layout": self.layout(),
-                "distrib_optim_sharding_type": self.cfg.checkpoint.distrib_optim_sharding_type, **self.frozen.meta()}
+                "distrib_optim_sharding_type": self.cfg.checkpoint.distrib_optim_sharding_type,
+                **self.objective.checkpoint_meta()}
 
     def save_checkpoint(self, directory, on_done=lambda: None) -> None:
         """Write model, optimizer and RNG into `directory`, then call `on_done` on every rank. With

@@ -14,7 +14,7 @@
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 import torch
 import torch.distributed as dist
@@ -119,7 +119,7 @@ class MoEStats:
         self.tokens.zero_()
         clear_aux_losses_tracker()
 
-    def collect(self, num_microbatches: int, device) -> Optional[dict]:
+    def collect(self, num_microbatches: int, device) -> dict:
         """This step's MoE metrics (every rank returns the same), then start counting the next."""
         both = self._sum_over_token_ranks(torch.cat([self.counts.reshape(-1), self.tokens, self.is_moe]), device)
         layers, experts = self.counts.shape
@@ -132,7 +132,7 @@ class MoEStats:
         if self.cfg.moe.expert_bias:    # every stage joins the reduction, one without MoE layers too
             out["moe_bias_range"] = self._bias_range(device)
         if not bool((tokens[is_moe] > 0).all()):
-            return out or None
+            return out
         share = tokens[is_moe] * self.topk / self.experts            # an even share of the routed slots
         per_layer = counts[is_moe]
         routed = per_layer.sum(dim=1)
