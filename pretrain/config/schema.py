@@ -252,8 +252,10 @@ class CheckpointConfig:
     load_weights_only: bool = doc(False, "From `load`, take the weights only: fresh optimizer, step 0, data from the "
                                          "start.")
     keep_last: int = doc(3, "Keep the newest N checkpoints (0 keeps all).")
-    allow_data_change: bool = doc(False, "Resume although the blend's files differ from the checkpoint's record "
-                                          "(a data_changed event says what); false refuses, naming the change.")
+    allow_data_change: bool = doc(False, "Resume although the blend's files or the inputs of the sample order "
+                                          "(seed, seq_length, weights, FIM, mix phases, split epochs) differ from the "
+                                          "checkpoint's record (a data_changed event says what); false refuses, "
+                                          "naming the change.")
     on_all_damaged: str = doc("stop", "Checkpoints exist (or were set aside as damaged) but none verifies: 'stop' "
                                       "(exit 3 with a report) or 'restart' (train from step 0, recorded as an event).")
     keep_every: int = doc(0, "Also keep for good every checkpoint whose step is a multiple of M; 0: none.")
