@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from common.config import ConfigError
 
-from ..checkpoint.store import resolve
+from ..checkpoint.pins import pinned_load
 from ..config.compose import teacher_at_layout, teacher_of
 from ..config.schema import JobConfig
 from ..engines.megatron.checkpointing import load_model_weights, unwrap
@@ -70,7 +70,7 @@ def build_teacher(cfg: JobConfig, on_cpu: bool):
     weights from distill.teacher_checkpoint, eval mode, on the GPU unless `on_cpu`, wrapped in megatron-core's
     Float16Module (bf16/fp16 params, fp32 logits) when the student runs in half precision."""
     teacher = teacher_config(cfg, teacher_of(cfg))
-    ck = resolve(cfg.distill.teacher_checkpoint)
+    ck = pinned_load(cfg, "distill.teacher_checkpoint").found
     problems = checkpoint_shape_problems(teacher, ck.meta)
     if problems:
         raise ConfigError([f"distill.teacher_checkpoint={cfg.distill.teacher_checkpoint} ({ck.path}) holds another "

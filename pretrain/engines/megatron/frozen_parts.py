@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ...checkpoint.store import agreed_load
+from ...checkpoint.pins import pinned_load
 from ...config.schema import JobConfig
 from ...distill.loss import Distiller
 from ...distill.teacher import build_teacher, prune_into
@@ -50,7 +50,7 @@ class FrozenParts:
     def ready(self, model: list, optimizer, log) -> None:
         """After the optimizer is built: the PEFT base's weights loaded; the distiller wired to the student."""
         if self.peft is not None:
-            found = agreed_load(self.cfg.peft.base_checkpoint, field="peft.base_checkpoint").found
+            found = pinned_load(self.cfg, "peft.base_checkpoint").found
             checkpointing.load_model_weights(model, self.cfg, found.engine_dir, found.meta, keep=is_base)
             optimizer.reload_model_params()
             self.base = {"path": str(found.path), "step": found.meta.get("step")}
