@@ -3,7 +3,8 @@
 megatron-core initialises each rank's shard from the RNG stream of its stage, so a PP=2
 model starts from different weights than PP=1 and their losses cannot be compared. Here
 every weight matrix is drawn from a generator seeded by (seed, its global name), built
-at full size and sliced to this rank's shard. Biases and norms keep megatron-core's
+at full size and sliced to this rank's shard (the split as megatron-core records it: model/replicas.py;
+a replicated weight whole on every rank). Biases and norms keep megatron-core's
 deterministic zeros/ones. Costs one transient full-size tensor per parameter at start-up,
 on the parameter's device, or on the host with `model.init_on_cpu` (the same weights on a CPU and a
 GPU run; `model.layout_invariant_init=false` keeps megatron-core's own init).
@@ -21,6 +22,7 @@ import torch
 from megatron.core import parallel_state
 
 from ..config.schema import JobConfig
+from .replicas import owners, tp_split_dim
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
@@ -73,13 +75,15 @@ def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int,
     tied = not cfg.model.untie_embeddings_and_output_weights
     std = cfg.model.init_method_std
     scaled = std / math.sqrt(2.0 * cfg.model.num_layers) if cfg.model.scaled_output_init else std
+    owner = owners(model_chunk)
     for local_name, param in model_chunk.named_parameters():
         shape = getattr(param, "ds_shape", param.shape)       # ZeRO-3 keeps the whole shape there
         if len(shape) < 2:
             continue
         name = global_name(local_name, layer_offset, tied, expert_offset)
-        split = getattr(param, "tensor_model_parallel", False)
-        dim = getattr(param, "partition_dim", 0) if split else 0
+        # megatron-core's split, not TE's attribute alone: TE marks a duplicated Linear split (model/replicas.py)
+        dim = tp_split_dim(owner.get(id(param)), param)
+        split = dim is not None
         ways, index = (expert_tp, expert_rank) if ".local_experts." in name else (tp, rank)
         full_shape = list(shape)
         if split:
