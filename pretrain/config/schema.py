@@ -45,6 +45,10 @@ class ModelConfig:
     position_embedding_type: str = doc("learned_absolute", "'learned_absolute' (GPT) or 'rope' (Llama).")
     rotary_base: int = doc(10000, "RoPE theta.")
     rotary_percent: float = doc(1.0, "Fraction of each head's dimensions that RoPE rotates.")
+    rope_scaling: bool = doc(False, "Llama 3.x RoPE frequency scaling (megatron-core's: low_freq_factor 1, "
+                                    "high_freq_factor 4, original context 8192; `make import-hf` of a Llama 3.1 "
+                                    "directory needs it).")
+    rope_scaling_factor: float = doc(8.0, "Its factor (Llama 3.1: 8, Llama 3.2: 32).")
     normalization: str = doc("LayerNorm", "'LayerNorm' or 'RMSNorm'.")
     layernorm_epsilon: float = doc(1e-5, "Epsilon of every norm layer.")
     activation: str = doc("gelu", "MLP activation: 'gelu' or 'swiglu' (gated, two fc1 projections).")

@@ -119,6 +119,10 @@ def validate(cfg: JobConfig) -> None:
     if m.seq_length > seq_limit:
         add(f"model.seq_length={m.seq_length} exceeds model.max_position_embeddings={seq_limit}. "
             "Fix: shorten seq_length or raise max_position_embeddings.")
+    if m.rope_scaling and (m.position_embedding_type != "rope" or m.mla.enabled):
+        add("model.rope_scaling=true scales megatron-core's RoPE, but the model has "
+            + ("multi-head latent attention (its own rotary embedding)" if m.mla.enabled else
+               f"model.position_embedding_type={m.position_embedding_type}") + ". Fix: model.rope_scaling=false.")
     if m.normalization == "LayerNorm" and m.arch == "llama":
         add("model.arch=llama with model.normalization=LayerNorm: the Llama export expects RMSNorm. Fix: use RMSNorm "
             "or arch=gpt.")
