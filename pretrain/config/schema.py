@@ -73,7 +73,8 @@ class ModelConfig:
     attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best "
                                          "available.")
     layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every "
-                                            "TP/PP layout starts equal.")
+                                            "TP/PP layout starts equal; false (megatron-core's own init) is refused "
+                                            "with PP>1, where it seeds every stage alike.")
     fusions_required: list[str] = doc(None, "Fusion flags this recipe insists on (model/fusions.py names them); "
                                             "refused where their kernel is missing.", factory=list)
     init_on_cpu: bool = doc(False, "Draw the layout-invariant init on the host's generator: the same weights on CPU "
@@ -108,8 +109,9 @@ class PrecisionConfig:
                                    "tensors e4m3) or 'hybrid' (e5m2 gradients).")
     fp8_recipe: str = doc("tensorwise", "FP8 scaling: 'tensorwise' (current scaling), 'delayed' (amax history), "
                                         "'blockwise' (128x128 blocks) or 'mxfp8' (Blackwell only).")
-    fp8_bf16_layers: int = doc(1, "Transformer layers kept in bf16 at each end of every pipeline stage's stack under "
-                                  "FP8 (0: all FP8; the delayed recipe needs 0).")
+    fp8_bf16_layers: int = doc(1, "Transformer layers kept in bf16 under FP8: the first N and the last N of the whole "
+                                  "model (megatron-core counts global layer numbers, whatever the pipeline split); "
+                                  "0: all FP8; the delayed recipe needs 0. make plan times every layer as FP8.")
     fp8_amax_history_len: int = doc(1024, "Amax history of the delayed recipe (its max is used).")
 
     @property

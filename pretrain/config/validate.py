@@ -127,6 +127,13 @@ def validate(cfg: JobConfig) -> None:
         add("model.arch=llama with model.normalization=LayerNorm: the Llama export expects RMSNorm. Fix: use RMSNorm "
             "or arch=gpt.")
 
+    if not m.layout_invariant_init and pp > 1:
+        # megatron-core's own init draws from the RNG seeded with `seed` on every stage (the engines do not offset
+        # it by the PP rank): each stage would start its layers from the same draws.
+        add(f"model.layout_invariant_init=false with parallel.pipeline_model_parallel_size={pp}: megatron-core's "
+            "own init seeds every pipeline stage alike, so the stages' layers would start as copies of each other. "
+            "Fix: model.layout_invariant_init=true (the default).")
+
     # Pipeline split
     stages = pipeline_stage_layers(m.num_layers, pp, p.num_layers_in_first_pipeline_stage,
                                    p.num_layers_in_last_pipeline_stage)
