@@ -31,7 +31,6 @@ from preprocessing.blend import read_blend
 from preprocessing.indexed_io import DTYPE_CODES, HEADER
 
 from ..config.schema import JobConfig
-from ..objectives.registry import objective_for
 from .datasets import mix_source_samples, split_sizes
 
 SPLITS = ("train", "valid", "test")
@@ -89,7 +88,7 @@ def order_identity(cfg: JobConfig, splits: dict, name_of, sources: dict) -> dict
              "weights": {split: [[name_of(p), w] for p, w in zip(prefixes, _normalised(ws), strict=True)]
                          for split, (prefixes, ws) in splits.items()},
              "fim": asdict(d.fim), "mix_phases": [[ph.start_tokens, _normalised(ph.weights)] for ph in d.mix_phases]}
-    if objective_for(cfg) is None:           # GPTDataset's order; other objectives build their own samples
+    if cfg.objective.causal:                 # GPTDataset's order; other objectives build their own samples
         built = {}
         for split, (prefixes, ws) in splits.items():
             n = samples.get(split, 0)
