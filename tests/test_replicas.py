@@ -96,3 +96,15 @@ def test_a_duplicated_te_weight_initialises_whole_and_divergent_replicas_are_ref
         assert refused.startswith("2 parameter(s) replicated over tensor parallelism differ"), refused
         assert "decoder.layers.1.input_layernorm.weight (TP ranks [1] differ from TP rank 0)" in refused
         assert "chunk 1: decoder.layers.0.self_attention.linear_q_down_proj.weight (TP ranks [1]" in refused
+
+
+def test_grouped_experts_are_drawn_as_the_sequential_experts_of_their_global_index():
+    """TE's grouped experts name one weight<i> per local expert (mlp.experts.linear_fc1.weight3): drawn as
+    SequentialMLP's local_experts.i of the same global expert, so EP ranks draw different experts and grouped and
+    sequential experts start equal."""
+    from pretrain.model.init import global_name
+    grouped = global_name("module.decoder.layers.1.mlp.experts.linear_fc1.weight3", 2, False, expert_offset=4)
+    assert grouped == "decoder.layers.3.mlp.experts.local_experts.7.linear_fc1.weight"
+    assert grouped == global_name("decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight", 2, False, 4)
+    assert global_name("decoder.layers.0.mlp.experts.linear_fc2.weight0", 0, False, 0) != \
+        global_name("decoder.layers.0.mlp.experts.linear_fc2.weight0", 0, False, 2)          # another EP rank

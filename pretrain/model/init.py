@@ -26,6 +26,8 @@ from .replicas import owners, tp_split_dim
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
+# TE's grouped experts (moe.grouped_gemm): one weight<i> per local expert, drawn as SequentialMLP's expert i
+_GROUPED = re.compile(r"\.experts\.(linear_fc[12])\.weight(\d+)$")
 
 
 def seed_for(seed: int, name: str) -> int:
@@ -34,8 +36,9 @@ def seed_for(seed: int, name: str) -> int:
 
 def global_name(name: str, layer_offset: int, tied: bool, expert_offset: int = 0) -> str:
     """The parameter's name in the whole model: PP stages number their layers from 0 and EP ranks
-    their experts from 0 (`local_experts.i` is global expert expert_offset + i)."""
+    their experts from 0 (`local_experts.i`, or grouped experts' `weight<i>`, is global expert expert_offset + i)."""
     name = name.removeprefix("module.")
+    name = _GROUPED.sub(lambda m: f".experts.local_experts.{m.group(2)}.{m.group(1)}.weight", name)
     name = _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + layer_offset}.", name)
     name = _EXPERT.sub(lambda m: f".local_experts.{int(m.group(1)) + expert_offset}.", name)
     if tied and name == "output_layer.weight":      # the last stage's copy of the tied embedding
