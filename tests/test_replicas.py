@@ -58,11 +58,10 @@ class Chunk(nn.Module):
         self.decoder.layers = nn.ModuleList([layer])
 
 
-def _rank(rank, port, out):
+def _rank(rank, port, out, cfg):
     from pretrain.model.init import layout_invariant_init
     from pretrain.model.replicas import check_replicas
     mh.init_ranks(rank, 2, port, tp=2)
-    cfg = mh.tiny_config(["parallel=tp2", "cluster.devices_per_node=2"])
     chunk = Chunk(tp=2)
     layout_invariant_init(cfg, chunk, 0)
     attention = chunk.decoder.layers[0].self_attention
@@ -84,7 +83,7 @@ def _rank(rank, port, out):
 @pytest.mark.beside_training
 def test_a_duplicated_te_weight_initialises_whole_and_divergent_replicas_are_refused_by_name():
     from pretrain.model.init import full_tensor
-    out = mh.spawn(_rank)
+    out = mh.spawn(_rank, mh.tiny_config(["parallel=tp2", "cluster.devices_per_node=2"]))   # composed once, here
     cfg = mh.tiny_config()
     std = cfg.model.init_method_std
     down = full_tensor(cfg, "decoder.layers.0.self_attention.linear_q_down_proj.weight", (16, 8), std, "cpu")
