@@ -207,7 +207,7 @@ def test_a_checkpoint_records_its_data_and_tells_what_changed(tmp_path):
     after = identity(tmp_path / "c")
     [line, order] = differences(before, after)          # and 64 samples of 128 tokens now need 3 epochs of it
     assert line.startswith("train_text_document: documents 20 -> 30, tokens ") and "the index's bytes" in line
-    assert order.startswith("the train split is built with 64 samples, the checkpoint's with 64: ")
+    assert order.startswith("the train split takes its 64 samples from other data: ") and "(restore the data" in order
     assert differences({}, after) == [] and differences({"mock": True}, after) == ["data.mock changed"]
 
 
@@ -250,8 +250,12 @@ def test_a_resume_in_another_sample_order_is_named_item_by_item(tmp_path):
         "valid_text_document: 0.25 (normalised; give data.blend the checkpoint's weights)")
     assert change("data.fim.rate=0.5") == "data.fim.rate 0.0 -> 0.5 (set data.fim.rate=0.0)"
     phased = identity("data.mix_phases=[{start_tokens:0,weights:[1,3]}]")
-    assert differences(before, phased)[0].startswith("data.mix_phases [] -> [[0, [0.25, 0.75]]]")
+    weights, phases = differences(before, phased)                    # the phases replace the blend's weights
+    assert weights.startswith("the blend's train weights train_text_document: 0.5, valid_text_document: 0.5 -> none")
+    assert phases.startswith("data.mix_phases [] -> [[0, [0.25, 0.75]]]")
     assert differences(phased, identity("data.mix_phases=[{start_tokens:0,weights:[2,6]}]")) == []
+    assert differences(phased, identity("data.mix_phases=[{start_tokens:0,weights:[1,3]}]",     # blend's train
+                                        blend=two_sources("reweighted.json", 3.0, 1.0))) == []   # weights unused
     longer = change("schedule.train_iters=5")        # 160 samples, 80 a source: past one epoch of ~9K tokens
     assert longer.startswith("the train split is built with 160 samples, the checkpoint's with 64: ")
     assert "[['train_text_document', 2, True], ['valid_text_document', 2, True]]" in longer

@@ -86,7 +86,8 @@ def order_identity(cfg: JobConfig, splits: dict, name_of, sources: dict) -> dict
     samples = dict(zip(SPLITS, split_sizes(cfg), strict=True))
     order = {"seed": cfg.seed, "seq_length": seq, "split_samples": samples,
              "weights": {split: [[name_of(p), w] for p, w in zip(prefixes, _normalised(ws), strict=True)]
-                         for split, (prefixes, ws) in splits.items()},
+                         for split, (prefixes, ws) in splits.items()
+                         if not (split == "train" and d.mix_phases)},       # the phases replace them
              "fim": asdict(d.fim), "mix_phases": [[ph.start_tokens, _normalised(ph.weights)] for ph in d.mix_phases]}
     if cfg.objective.causal:                 # GPTDataset's order; other objectives build their own samples
         built = {}
@@ -169,11 +170,13 @@ def order_differences(old: dict, new: dict) -> list[str]:
         was, now = old.get("split_samples", {}), new.get("split_samples", {})
         # The train split only: the evaluation windows are read from their start at every evaluation.
         if old["epochs"].get("train") != new["epochs"].get("train"):
-            out.append(f"the train split is built with {now.get('train')} samples, the checkpoint's with "
-                       f"{was.get('train')}: [source, epochs, final epoch apart] {old['epochs'].get('train')} -> "
-                       f"{new['epochs'].get('train')}, so megatron-core puts every sample elsewhere (set "
-                       "schedule.train_iters / the batch sizes so that the split keeps its epochs, e.g. as the "
-                       "checkpoint's)")
+            why = (f"is built with {now.get('train')} samples, the checkpoint's with {was.get('train')}"
+                   if now.get("train") != was.get("train") else f"takes its {now.get('train')} samples from other data")
+            fix = ("restore the data above" if now.get("train") == was.get("train") else
+                   "set schedule.train_iters / the batch sizes so that the split keeps its epochs, e.g. as the "
+                   "checkpoint's")
+            out.append(f"the train split {why}: [source, epochs, final epoch apart] {old['epochs'].get('train')} -> "
+                       f"{new['epochs'].get('train')}, so megatron-core puts every sample elsewhere ({fix})")
     return out
 
 
