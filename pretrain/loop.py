@@ -135,9 +135,9 @@ class Trainer:
             return
         step = found.meta["loop"]["step"]
         if not self.cfg.checkpoint.allow_data_change:
-            raise RunStopped(f"{found.path} was saved on other data than {self.cfg.data.blend} holds now: "
+            raise RunStopped(f"{found.path} was saved on other data than {self.cfg.data.blend} gives now: "
                              + "; ".join(changed) + ". Resuming would continue at its data position in another "
-                             "sample order. Fix: restore the files it trained on, or pass "
+                             "sample order. Fix: restore the files and settings it trained on, or pass "
                              "checkpoint.allow_data_change=true to continue on the new data on purpose (recorded as "
                              "a data_changed event), or checkpoint.load_weights_only=true to start the data afresh.")
         self.metrics.event({"kind": "data_changed", "step": step, "checkpoint": str(found.path), "changes": changed})

@@ -152,6 +152,14 @@ def test_a_misspelt_added_or_ill_typed_key_fails_naming_the_fix(override, says):
     assert says in str(err.value)
 
 
+def test_megatron_cores_own_init_is_refused_with_pipeline_stages():
+    """Every stage seeds megatron-core's init alike: its layers would start as copies of another stage's."""
+    with pytest.raises(ConfigError, match=r"model.layout_invariant_init=false with "
+                                          r"parallel.pipeline_model_parallel_size=2: .* Fix: model.layout_invariant"):
+        load_recipe("gpt-tiny", ["parallel=pp2", "model.layout_invariant_init=false"])
+    assert not load_recipe("gpt-tiny", ["model.layout_invariant_init=false"]).model.layout_invariant_init
+
+
 def test_keys_below_a_dict_field_and_config_groups_pass():
     cfg = load_recipe("gpt-tiny", ["+cluster.env.NCCL_DEBUG=INFO", "+experiment=short", "precision=bf16"])
     assert cfg.cluster.env["NCCL_DEBUG"] == "INFO" and cfg.precision.dtype == "bf16"

@@ -147,7 +147,8 @@ def test_the_teacher_recipe_is_composed_once_per_process(monkeypatch):
 
 def test_teacher_takes_the_students_layout_and_its_checkpoint_must_match(tp1, tmp_path):
     cfg = _tiny(["model.num_layers=2", "parallel=tp2", "cluster.devices_per_node=2", "precision=bf16",
-                 "distill.teacher_recipe=gpt-tiny", f"distill.teacher_checkpoint={tmp_path}",
+                 f"run_dir={tmp_path / 'run'}", "distill.teacher_recipe=gpt-tiny",
+                 f"distill.teacher_checkpoint={tmp_path}",
                  f"distill.teacher_overrides=['data=mock','model.vocab_size={VOCAB}','model.num_layers=4']"])
     teacher = teacher_config(cfg, mh.tiny_config([f"model.vocab_size={VOCAB}"]))
     assert teacher.model.num_layers == 4 and teacher.parallel.tensor_model_parallel_size == 2
@@ -160,7 +161,7 @@ def test_teacher_takes_the_students_layout_and_its_checkpoint_must_match(tp1, tm
     assert checkpoint_shape_problems(teacher, meta) == ["model.hidden_size: checkpoint 96, recipe 192",
                                                         "derived.kv_channels: checkpoint 16, recipe 32",
                                                         "derived.ffn_hidden_size: checkpoint 384, recipe 768"]
-    (tmp_path / "meta.json").write_text(json.dumps({**meta, "format": FORMAT}))
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "format": FORMAT, "files": {}}))
     with pytest.raises(ConfigError, match="holds another model.*model.hidden_size: checkpoint 96, recipe 192"):
         build_teacher(cfg, teacher_of(cfg), on_cpu=True)
 
@@ -174,8 +175,9 @@ def test_build_teacher_loads_the_checkpoint_frozen(tp1, tmp_path):
     (tmp_path / "model_optim_rng").mkdir()
     dist_checkpointing.save({"model": saved.sharded_state_dict()}, str(tmp_path / "model_optim_rng"))
     meta = checkpoint_meta(saved_cfg, LoopState(), {"precision": "fp32", "layout": {"distributed_optimizer": False}})
-    (tmp_path / "meta.json").write_text(json.dumps({**meta, "format": FORMAT}))
-    cfg = _tiny(["model.num_layers=2", "distill.teacher_recipe=gpt-tiny", f"distill.teacher_checkpoint={tmp_path}",
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "format": FORMAT, "files": {}}))
+    cfg = _tiny(["model.num_layers=2", f"run_dir={tmp_path / 'run'}", "distill.teacher_recipe=gpt-tiny",
+                 f"distill.teacher_checkpoint={tmp_path}",
                  f"distill.teacher_overrides=['data=mock','model.vocab_size={VOCAB}','model.seq_length=32']"])
     teacher = build_teacher(cfg, teacher_of(cfg), on_cpu=True)
     assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())

@@ -126,3 +126,51 @@ def test_export_refuses_what_the_architecture_cannot_express(tmp_path):
     assert unsupported(load_recipe("llama-tiny")) == []
     problems = unsupported(load_recipe("gpt-tiny", ["model.qk_layernorm=true", "model.position_embedding_type=rope"]))
     assert any("qk_layernorm" in p for p in problems) and any("learned positions" in p for p in problems)
+
+
+LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}      # Llama-3.1's config.json
+
+
+def test_a_llama31_directory_imports_with_its_rope_scaling_or_is_refused_by_name(single_rank_megatron, tmp_path):
+    """A tiny random Llama-3.1-style directory (rope_type llama3, theta 5e5): imported into a recipe with
+    model.rope_scaling, its logits equal ours within 1e-4 over 96 positions (where llama3 scaling moves the low
+    frequencies: the same weights without it differ by far more); a recipe without it, or a scaling megatron-core
+    does not have, is refused naming the field and the fix."""
+    from transformers import LlamaForCausalLM
+
+    from pretrain.config.compose import load_recipe
+    from pretrain.model.hf_mapping import hf_config, rope_mismatch
+    small = ["data=mock", "cluster.devices_per_node=1", "model.num_layers=2"]
+    plain = load_recipe("llama-tiny", small)
+    config = hf_config(plain, plain.model.vocab_size, bos=0, eos=0)
+    config.rope_parameters, config.max_position_embeddings = dict(LLAMA31_ROPE), 131072
+    config.initializer_range = 0.08      # attention sharp enough for positions to show (0.02: nearly uniform)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(tmp_path / "llama31"))
+    with pytest.raises(ValueError, match=r"rope_theta=500000, the recipe's model.rotary_base=10000\. Fix: "
+                                         r"model.rotary_base=500000; rope_parameters rope_type=llama3 factor=8.0, the "
+                                         r"recipe has model.rope_scaling=false model.rope_scaling_factor=8.0\. Fix: "
+                                         r"model.rope_scaling=true model.rope_scaling_factor=8.0"):
+        import_hf(tmp_path / "llama31", plain, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+
+    cfg = load_recipe("llama-tiny", [*small, "model.rotary_base=500000", "model.rope_scaling=true"])
+    assert hf_config(cfg, 4096, bos=0, eos=0).rope_parameters == LLAMA31_ROPE        # what export writes back
+    state = model_state(resolve(import_hf(tmp_path / "llama31", cfg, tmp_path / "imported")), cfg)
+    hf = LlamaForCausalLM.from_pretrained(str(tmp_path / "llama31"), dtype=torch.float32).eval()
+    ids = torch.randint(0, 4096, (1, 96), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = hf(ids).logits.float()
+    assert (our_logits(ours(state, cfg), ids)[..., :4096] - theirs).abs().max().item() < 1e-4
+    unscaled = load_recipe("llama-tiny", [*small, "model.rotary_base=500000"])
+    assert (our_logits(ours(state, unscaled), ids)[..., :4096] - theirs).abs().max().item() > 1e-2
+
+    from common.config import ConfigError
+    with pytest.raises(ConfigError, match="model.rope_scaling=true scales megatron-core's RoPE, but the model has "
+                                          "model.position_embedding_type=learned_absolute"):
+        load_recipe("gpt-tiny", ["model.rope_scaling=true"])
+    for other, named in (({"factor": 4.0, "original_max_position_embeddings": 4096}, "no recipe reproduces"),
+                         ({"rope_type": "yarn"}, "rope_parameters.rope_type='yarn'")):
+        config.rope_parameters = {**LLAMA31_ROPE, **other}
+        assert named in rope_mismatch(config, cfg)

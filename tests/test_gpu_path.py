@@ -26,6 +26,9 @@ def test_each_fusion_follows_its_kernel_and_what_it_serves():
         "gradient_accumulation_fusion": False,            # DeepSpeed keeps no main_grad buffers
         "persist_layer_norm": False, "apply_rope_fusion": True,
         "cross_entropy_loss_fusion": False}               # its backward casts the gradient to bf16
+    fsdp2 = load_recipe("gpt-125m", ["parallel=fsdp2", "precision=fp32"])     # no main_grad buffers under FSDP2
+    assert not fusions.decide(fsdp2, on_gpu=True, have=ALL)["gradient_accumulation_fusion"]
+    assert fusions.decide(fsdp2, on_gpu=True, have=ALL)["bias_dropout_fusion"]
     for cfg in (gpt, llama):
         assert not any(fusions.decide(cfg, on_gpu=True, have=NONE).values())
         assert not any(fusions.decide(cfg, on_gpu=False, have=ALL).values())

@@ -241,3 +241,17 @@ def test_mixtral_export_refuses_what_mixtral_cannot_express():
     assert "shared experts" in deepseek and "every Mixtral layer is MoE" in deepseek
     assert any("qk_layernorm" in p for p in unsupported(load_recipe("olmoe-1b-7b")))
     assert any("renormalised" in p for p in unsupported(load_recipe("moe-tiny", ["moe.pre_softmax=true"])))
+
+
+def test_expert_counts_stay_on_the_routers_device_between_collects():
+    """The routers' hook adds each micro-batch's routing map where it lies: a meta-device map (no data: any copy to
+    the host would raise) is counted three times without one; the host sees the counts once a step (collect)."""
+    from types import SimpleNamespace
+
+    from pretrain.engines.megatron.moe_stats import MoEStats
+    cfg = load_recipe("moe-tiny", ["data=mock"])
+    stats = MoEStats(cfg, [], ps=None)
+    router = SimpleNamespace(training=True, layer_number=2)
+    for _ in range(3):
+        stats._count(router, (), (None, torch.ones(5, cfg.moe.num_experts, dtype=torch.bool, device="meta")))
+    assert stats.counts.device.type == "meta" and stats.tokens.tolist()[:3] == [0.0, 15.0, 0.0]

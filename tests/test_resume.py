@@ -205,9 +205,60 @@ def test_a_checkpoint_records_its_data_and_tells_what_changed(tmp_path):
     assert differences(before, identity(tmp_path / "b")) == []
     tiny_blend(tmp_path / "c", {**docs, "train": [" ".join(words[:50])] * 30})
     after = identity(tmp_path / "c")
-    [line] = differences(before, after)
+    [line, order] = differences(before, after)          # and 64 samples of 128 tokens now need 3 epochs of it
     assert line.startswith("train_text_document: documents 20 -> 30, tokens ") and "the index's bytes" in line
+    assert order.startswith("the train split takes its 64 samples from other data: ") and "(restore the data" in order
     assert differences({}, after) == [] and differences({"mock": True}, after) == ["data.mock changed"]
+
+
+def test_a_resume_in_another_sample_order_is_named_item_by_item(tmp_path):
+    """The data identity's `order`: the same files read in another order are refused like other files, each change
+    named with the setting that restores it: seed, seq_length, the blend's normalised weights, FIM, mix phases, and
+    a train split built into other epochs (megatron-core then places every sample elsewhere). A longer run that
+    keeps the epochs, or the same weights scaled, is the same order; a checkpoint saved before `order` was
+    recorded is compared on its files only."""
+    from preprocessing.blend import write_blend
+    from pretrain.config.compose import load_recipe
+    from pretrain.data.identity import data_identity, differences
+    words = [f"w{i}" for i in range(200)]
+    tiny_blend(tmp_path, {s: [" ".join(words)] * 20 for s in ("train", "valid", "test")})
+    tok = json.loads((tmp_path / "blend.json").read_text())["tokenizer"]
+
+    def two_sources(name, w0, w1):                   # two train sources, weighted
+        return write_blend(tmp_path / name, {"train": [(w0, "train_text_document"), (w1, "valid_text_document")],
+                                             "valid": [(1.0, "valid_text_document")],
+                                             "test": [(1.0, "test_text_document")]}, tokenizer=tok)
+
+    even = two_sources("blend2.json", 1.0, 1.0)
+
+    def identity(*overrides, blend=even):
+        return data_identity(load_recipe("gpt-tiny", [f"data.blend={blend}", f"data.tokenizer.path={tmp_path / 'tok'}",
+                                                      "schedule.train_iters=2", *overrides]))
+    before = identity()
+    assert before["order"]["epochs"]["train"] == [["train_text_document", 1, False], ["valid_text_document", 1, False]]
+    assert differences(before, identity(blend=two_sources("scaled.json", 2.0, 2.0))) == []
+    assert differences(before, identity("schedule.train_iters=3")) == []      # 96 samples: still one epoch each
+    assert differences({k: v for k, v in before.items() if k != "order"}, identity("seed=7")) == []   # an old meta
+
+    def change(*overrides, blend=None):
+        [line] = differences(before, identity(*overrides, **({"blend": blend} if blend else {})))
+        return line
+    assert change("seed=7") == "seed 1234 -> 7 (set seed=1234 to resume in the checkpoint's order)"
+    assert change("model.seq_length=64").startswith("model.seq_length 128 -> 64 (set model.seq_length=128")
+    assert change(blend=two_sources("reweighted.json", 3.0, 1.0)) == (
+        "the blend's train weights train_text_document: 0.5, valid_text_document: 0.5 -> train_text_document: 0.75, "
+        "valid_text_document: 0.25 (normalised; give data.blend the checkpoint's weights)")
+    assert change("data.fim.rate=0.5") == "data.fim.rate 0.0 -> 0.5 (set data.fim.rate=0.0)"
+    phased = identity("data.mix_phases=[{start_tokens:0,weights:[1,3]}]")
+    weights, phases = differences(before, phased)                    # the phases replace the blend's weights
+    assert weights.startswith("the blend's train weights train_text_document: 0.5, valid_text_document: 0.5 -> none")
+    assert phases.startswith("data.mix_phases [] -> [[0, [0.25, 0.75]]]")
+    assert differences(phased, identity("data.mix_phases=[{start_tokens:0,weights:[2,6]}]")) == []
+    assert differences(phased, identity("data.mix_phases=[{start_tokens:0,weights:[1,3]}]",     # blend's train
+                                        blend=two_sources("reweighted.json", 3.0, 1.0))) == []   # weights unused
+    longer = change("schedule.train_iters=5")        # 160 samples, 80 a source: past one epoch of ~9K tokens
+    assert longer.startswith("the train split is built with 160 samples, the checkpoint's with 64: ")
+    assert "[['train_text_document', 2, True], ['valid_text_document', 2, True]]" in longer
 
 
 @pytest.mark.slow

@@ -45,6 +45,10 @@ class ModelConfig:
     position_embedding_type: str = doc("learned_absolute", "'learned_absolute' (GPT) or 'rope' (Llama).")
     rotary_base: int = doc(10000, "RoPE theta.")
     rotary_percent: float = doc(1.0, "Fraction of each head's dimensions that RoPE rotates.")
+    rope_scaling: bool = doc(False, "Llama 3.x RoPE frequency scaling (megatron-core's: low_freq_factor 1, "
+                                    "high_freq_factor 4, original context 8192; `make import-hf` of a Llama 3.1 "
+                                    "directory needs it).")
+    rope_scaling_factor: float = doc(8.0, "Its factor (Llama 3.1: 8, Llama 3.2: 32).")
     normalization: str = doc("LayerNorm", "'LayerNorm' or 'RMSNorm'.")
     layernorm_epsilon: float = doc(1e-5, "Epsilon of every norm layer.")
     activation: str = doc("gelu", "MLP activation: 'gelu' or 'swiglu' (gated, two fc1 projections).")
@@ -69,7 +73,8 @@ class ModelConfig:
     attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best "
                                          "available.")
     layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every "
-                                            "TP/PP layout starts equal.")
+                                            "TP/PP layout starts equal; false (megatron-core's own init) is refused "
+                                            "with PP>1, where it seeds every stage alike.")
     fusions_required: list[str] = doc(None, "Fusion flags this recipe insists on (model/fusions.py names them); "
                                             "refused where their kernel is missing.", factory=list)
     init_on_cpu: bool = doc(False, "Draw the layout-invariant init on the host's generator: the same weights on CPU "
@@ -104,8 +109,9 @@ class PrecisionConfig:
                                    "tensors e4m3) or 'hybrid' (e5m2 gradients).")
     fp8_recipe: str = doc("tensorwise", "FP8 scaling: 'tensorwise' (current scaling), 'delayed' (amax history), "
                                         "'blockwise' (128x128 blocks) or 'mxfp8' (Blackwell only).")
-    fp8_bf16_layers: int = doc(1, "Transformer layers kept in bf16 at each end of every pipeline stage's stack under "
-                                  "FP8 (0: all FP8; the delayed recipe needs 0).")
+    fp8_bf16_layers: int = doc(1, "Transformer layers kept in bf16 under FP8: the first N and the last N of the whole "
+                                  "model (megatron-core counts global layer numbers, whatever the pipeline split); "
+                                  "0: all FP8; the delayed recipe needs 0. make plan times every layer as FP8.")
     fp8_amax_history_len: int = doc(1024, "Amax history of the delayed recipe (its max is used).")
 
     @property
@@ -252,8 +258,10 @@ class CheckpointConfig:
     load_weights_only: bool = doc(False, "From `load`, take the weights only: fresh optimizer, step 0, data from the "
                                          "start.")
     keep_last: int = doc(3, "Keep the newest N checkpoints (0 keeps all).")
-    allow_data_change: bool = doc(False, "Resume although the blend's files differ from the checkpoint's record "
-                                          "(a data_changed event says what); false refuses, naming the change.")
+    allow_data_change: bool = doc(False, "Resume although the blend's files or the inputs of the sample order "
+                                          "(seed, seq_length, weights, FIM, mix phases, split epochs) differ from the "
+                                          "checkpoint's record (a data_changed event says what); false refuses, "
+                                          "naming the change.")
     on_all_damaged: str = doc("stop", "Checkpoints exist (or were set aside as damaged) but none verifies: 'stop' "
                                       "(exit 3 with a report) or 'restart' (train from step 0, recorded as an event).")
     keep_every: int = doc(0, "Also keep for good every checkpoint whose step is a multiple of M; 0: none.")

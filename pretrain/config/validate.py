@@ -119,9 +119,20 @@ def validate(cfg: JobConfig) -> None:
     if m.seq_length > seq_limit:
         add(f"model.seq_length={m.seq_length} exceeds model.max_position_embeddings={seq_limit}. "
             "Fix: shorten seq_length or raise max_position_embeddings.")
+    if m.rope_scaling and (m.position_embedding_type != "rope" or m.mla.enabled):
+        add("model.rope_scaling=true scales megatron-core's RoPE, but the model has "
+            + ("multi-head latent attention (its own rotary embedding)" if m.mla.enabled else
+               f"model.position_embedding_type={m.position_embedding_type}") + ". Fix: model.rope_scaling=false.")
     if m.normalization == "LayerNorm" and m.arch == "llama":
         add("model.arch=llama with model.normalization=LayerNorm: the Llama export expects RMSNorm. Fix: use RMSNorm "
             "or arch=gpt.")
+
+    if not m.layout_invariant_init and pp > 1:
+        # megatron-core's own init draws from the RNG seeded with `seed` on every stage (the engines do not offset
+        # it by the PP rank): each stage would start its layers from the same draws.
+        add(f"model.layout_invariant_init=false with parallel.pipeline_model_parallel_size={pp}: megatron-core's "
+            "own init seeds every pipeline stage alike, so the stages' layers would start as copies of each other. "
+            "Fix: model.layout_invariant_init=true (the default).")
 
     # Pipeline split
     stages = pipeline_stage_layers(m.num_layers, pp, p.num_layers_in_first_pipeline_stage,

@@ -100,13 +100,16 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
         raise ValueError(f"data.mix_phases gives {len(phases[0].weights)} weights per phase but {cfg.data.blend} "
                          f"has {len(prefixes)} train sources ({prefixes}). Fix: one weight per source, in that order.")
     _, valid, test = build([None] + blend_per_split[1:], [0, eval_samples, test_samples])
-    sources = []
-    for j, prefix in enumerate(prefixes):
-        share = max(ph.weights[j] / sum(ph.weights) for ph in phases)
-        # Enough samples for this source's largest share of the run (+1%); indexing wraps beyond that.
-        need = max(1, math.ceil(share * train_samples * 1.01))
-        sources.append(build([([prefix], None), None, None], [need, 0, 0])[0])
+    sources = [build([([prefix], None), None, None], [need, 0, 0])[0]
+               for prefix, need in zip(prefixes, mix_source_samples(phases, train_samples), strict=True)]
     return sources, valid, test
+
+
+def mix_source_samples(phases, train_samples: int) -> List[int]:
+    """Samples each train source's own GPTDataset is built with under data.mix_phases: enough for the source's
+    largest share of the run (+1%); indexing wraps beyond that. (data/identity.py derives the sample order from it.)"""
+    return [max(1, math.ceil(max(ph.weights[j] / sum(ph.weights) for ph in phases) * train_samples * 1.01))
+            for j in range(len(phases[0].weights))]
 
 
 GPT_KEYS = ("tokens", "labels", "loss_mask", "position_ids")     # what the causal path reads of a GPTDataset sample

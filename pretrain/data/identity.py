@@ -8,10 +8,22 @@ directory changes nothing): documents, tokens, the .bin's size and the .idx's xx
 fixes every sequence's length and place; ~10 GB/s, so a multi-GB index costs seconds once per
 run); and the tokenizer files' digests. A full resume compares them before the first step
 (`differences`); weights-only loads (continued pretraining, export) do not.
+
+The same files read in another order are other data at the same position too, so `order` records
+what megatron-core builds the order from: the seed, seq_length, each split's normalised blend
+weights, the FIM settings, the mix phases, the samples each split is built with, and the epoch
+structure that follows for every dataset of the blend (`_epochs`). The sample count itself is not
+compared: a longer run whose train datasets keep their epochs reads the same samples in the same
+places (what extending schedule.train_iters mostly does), one that changes them reshuffles every
+sample. The evaluation splits are recorded, not compared: each evaluation reads its window from the
+start.
+Checkpoints written before `order` was recorded are compared on their files only.
 """
 from __future__ import annotations
 
+import math
 import struct
+from dataclasses import asdict
 from pathlib import Path
 
 from common.digest import xxh3
@@ -19,6 +31,10 @@ from preprocessing.blend import read_blend
 from preprocessing.indexed_io import DTYPE_CODES, HEADER
 
 from ..config.schema import JobConfig
+from .datasets import mix_source_samples, split_sizes
+
+SPLITS = ("train", "valid", "test")
+SURPLUS = 0.005          # megatron-core's BlendedMegatronDatasetConfig.mid_level_dataset_surplus (its default)
 
 
 def _index_counts(prefix: str) -> tuple[int, int]:
@@ -42,16 +58,63 @@ def data_identity(cfg: JobConfig) -> dict:
     if cfg.data.mock:
         return {"mock": True}
     blend = Path(cfg.data.blend)
+    splits = read_blend(blend)
+
+    def name_of(prefix: str) -> str:
+        path, root = Path(prefix).resolve(), blend.parent.resolve()
+        return str(path.relative_to(root)) if path.is_relative_to(root) else prefix
+
     sources = {}
-    for prefixes, _ in read_blend(blend).values():
+    for prefixes, _ in splits.values():
         for prefix in prefixes:
-            name = str(Path(prefix).resolve().relative_to(blend.parent.resolve())) \
-                if Path(prefix).resolve().is_relative_to(blend.parent.resolve()) else prefix
             documents, itemsize = _index_counts(prefix)
             size = Path(f"{prefix}.bin").stat().st_size
-            sources[name] = {"documents": documents, "tokens": size // itemsize, "bin_bytes": size,
-                             "idx_xxh3": xxh3(Path(f"{prefix}.idx"))}
-    return {"sources": sources, "tokenizer": _tokenizer_files(cfg.data.tokenizer.path)}
+            sources[name_of(prefix)] = {"documents": documents, "tokens": size // itemsize, "bin_bytes": size,
+                                        "idx_xxh3": xxh3(Path(f"{prefix}.idx"))}
+    return {"sources": sources, "tokenizer": _tokenizer_files(cfg.data.tokenizer.path),
+            "order": order_identity(cfg, splits, name_of, sources)}
+
+
+def _normalised(weights) -> list:
+    total = sum(weights)
+    return [round(w / total, 12) if total else 0.0 for w in weights]
+
+
+def order_identity(cfg: JobConfig, splits: dict, name_of, sources: dict) -> dict:
+    """What fixes the order in which the blend's samples are read (module docstring)."""
+    d, seq = cfg.data, cfg.model.seq_length
+    samples = dict(zip(SPLITS, split_sizes(cfg), strict=True))
+    order = {"seed": cfg.seed, "seq_length": seq, "split_samples": samples,
+             "weights": {split: [[name_of(p), w] for p, w in zip(prefixes, _normalised(ws), strict=True)]
+                         for split, (prefixes, ws) in splits.items()
+                         if not (split == "train" and d.mix_phases)},       # the phases replace them
+             "fim": asdict(d.fim), "mix_phases": [[ph.start_tokens, _normalised(ph.weights)] for ph in d.mix_phases]}
+    if cfg.objective.causal:                 # GPTDataset's order; other objectives build their own samples
+        built = {}
+        for split, (prefixes, ws) in splits.items():
+            n = samples.get(split, 0)
+            if split == "train" and d.mix_phases:
+                counts = mix_source_samples(d.mix_phases, n)
+            elif len(prefixes) == 1:
+                counts = [n]
+            else:                # megatron-core's _get_size_per_split_per_dataset with the surplus it builds
+                counts = [math.ceil(math.ceil(n * w) * (1 + SURPLUS)) for w in [w / sum(ws) for w in ws]]
+            built[split] = [[name_of(p), *_epochs(c, sources[name_of(p)]["tokens"], seq)]
+                            for p, c in zip(prefixes, counts, strict=True)]
+        order["epochs"] = built
+    return order
+
+
+def _epochs(samples: int, tokens: int, seq_length: int) -> list:
+    """[epochs, final epoch shuffled apart] of a megatron-core GPTDataset of `samples` samples over `tokens` tokens
+    (gpt_dataset.py `_get_num_epochs` and its 0.80 threshold, add_extra_token_to_sequence on): with the seed these
+    fix its document and shuffle indices, so every sample's place."""
+    need = samples * seq_length + 1
+    epochs = max(1, -(-need // tokens)) if tokens > 0 else 1
+    if epochs == 1:
+        return [1, False]
+    from_final = samples - ((epochs - 1) * tokens - 1) // seq_length
+    return [epochs, from_final < int(0.80 * ((tokens - 1) // seq_length))]
 
 
 def differences(saved: dict | None, now: dict) -> list[str]:
@@ -77,4 +140,45 @@ def differences(saved: dict | None, now: dict) -> list[str]:
                 out.append(f"{name}: " + ", ".join(changed))
     if saved.get("tokenizer") != now.get("tokenizer"):
         out.append("the tokenizer's files")
+    if "order" in saved:                     # absent: saved before the order was recorded
+        out += order_differences(saved["order"], now.get("order", {}))
     return out
+
+
+def order_differences(old: dict, new: dict) -> list[str]:
+    """Each change of the sample order's inputs, naming the setting and the value that resumes the checkpoint's
+    order."""
+    out = []
+    for key, field in (("seed", "seed"), ("seq_length", "model.seq_length")):
+        if old.get(key) != new.get(key):
+            out.append(f"{field} {old.get(key)} -> {new.get(key)} (set {field}={old.get(key)} to resume in the "
+                       "checkpoint's order)")
+    for split in sorted(old.get("weights", {}).keys() | new.get("weights", {}).keys()):
+        was, now = old.get("weights", {}).get(split), new.get("weights", {}).get(split)
+        if was != now:
+            out.append(f"the blend's {split} weights {_pairs(was)} -> {_pairs(now)} (normalised; give data.blend "
+                       "the checkpoint's weights)")
+    fim_old, fim_new = old.get("fim", {}), new.get("fim", {})
+    for key in sorted(fim_old.keys() | fim_new.keys()):
+        if fim_old.get(key) != fim_new.get(key):
+            out.append(f"data.fim.{key} {fim_old.get(key)!r} -> {fim_new.get(key)!r} (set data.fim.{key}="
+                       f"{fim_old.get(key)})")
+    if old.get("mix_phases") != new.get("mix_phases"):
+        out.append(f"data.mix_phases {old.get('mix_phases')} -> {new.get('mix_phases')} ([start_tokens, normalised "
+                   "weights]; restore the checkpoint's phases)")
+    if "epochs" in old and "epochs" in new:
+        was, now = old.get("split_samples", {}), new.get("split_samples", {})
+        # The train split only: the evaluation windows are read from their start at every evaluation.
+        if old["epochs"].get("train") != new["epochs"].get("train"):
+            why = (f"is built with {now.get('train')} samples, the checkpoint's with {was.get('train')}"
+                   if now.get("train") != was.get("train") else f"takes its {now.get('train')} samples from other data")
+            fix = ("restore the data above" if now.get("train") == was.get("train") else
+                   "set schedule.train_iters / the batch sizes so that the split keeps its epochs, e.g. as the "
+                   "checkpoint's")
+            out.append(f"the train split {why}: [source, epochs, final epoch apart] {old['epochs'].get('train')} -> "
+                       f"{new['epochs'].get('train')}, so megatron-core puts every sample elsewhere ({fix})")
+    return out
+
+
+def _pairs(pairs) -> str:
+    return "none" if pairs is None else ", ".join(f"{name}: {w:g}" for name, w in pairs)

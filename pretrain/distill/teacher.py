@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from common.config import ConfigError
 
-from ..checkpoint.store import resolve
+from ..checkpoint.pins import pinned_load
 from ..config.compose import teacher_at_layout
 from ..config.schema import JobConfig
 from ..engines.megatron.checkpointing import load_model_weights, unwrap
@@ -67,11 +67,11 @@ def checkpoint_shape_problems(teacher: JobConfig, meta: dict) -> list[str]:
 
 def build_teacher(cfg: JobConfig, composed: JobConfig, on_cpu: bool):
     """The frozen teacher of the student job `cfg` at the current parallel state (PP=1): the GPTModel of its
-    `composed` recipe (config/compose.py teacher_of), weights from distill.teacher_checkpoint, eval mode, on the
-    GPU unless `on_cpu`, wrapped in megatron-core's Float16Module (bf16/fp16 params, fp32 logits) when the
-    student runs in half precision."""
+    `composed` recipe (config/compose.py teacher_of), weights from distill.teacher_checkpoint (pinned at the run's
+    first start: checkpoint/pins.py), eval mode, on the GPU unless `on_cpu`, wrapped in megatron-core's
+    Float16Module (bf16/fp16 params, fp32 logits) when the student runs in half precision."""
     teacher = teacher_config(cfg, composed)
-    ck = resolve(cfg.distill.teacher_checkpoint)
+    ck = pinned_load(cfg, "distill.teacher_checkpoint").found
     problems = checkpoint_shape_problems(teacher, ck.meta)
     if problems:
         raise ConfigError([f"distill.teacher_checkpoint={cfg.distill.teacher_checkpoint} ({ck.path}) holds another "

@@ -34,7 +34,7 @@ from ..config.compose import finalize, load_recipe
 from ..config.schema import JobConfig
 from ..data.tokenizer import run_tokenizer
 from ..model import hf_mapping
-from ..model.hf_mapping import State, from_hf, window_mismatch
+from ..model.hf_mapping import State, from_hf, rope_mismatch, window_mismatch
 from ..peft.registry import PEFT_METHODS
 from . import bert_export, deepseek_export
 from .mtp_export import drop_mtp, note_text
@@ -179,7 +179,7 @@ def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
         raise ValueError(f"make import-hf reads GPT-2, Llama and Mixtral directories; recipe {cfg.name} has "
                          f"model.arch={cfg.model.arch}, which has no import. Fix: a GPT or Llama recipe.")
     hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype="float32")
-    mismatch = window_mismatch(hf.config, cfg)
+    mismatch = "; ".join(filter(None, [window_mismatch(hf.config, cfg), rope_mismatch(hf.config, cfg)]))
     if mismatch:
         raise ValueError(f"{hf_dir} does not fit recipe {cfg.name}: {mismatch}")
     engine = megatron_engine(cfg)

@@ -62,7 +62,7 @@ FUSIONS = (
            "SwiGLU (megatron-core's fused GeLU is the tanh approximation, another function: GeLU stays unfused)"),
     Fusion("bias_dropout_fusion", "megatron-core jit (torch.compile + Triton)", _triton, "every layer"),
     Fusion("gradient_accumulation_fusion", "NVIDIA Apex (fused_weight_gradient_mlp_cuda) or Transformer Engine",
-           lambda: _found("fused_weight_gradient_mlp_cuda"), "megatron engine (main_grad buffers)"),
+           lambda: _found("fused_weight_gradient_mlp_cuda"), "megatron engine with DDP (main_grad buffers; not FSDP2)"),
     Fusion("persist_layer_norm", "NVIDIA Apex (fast_layer_norm)", lambda: _found("fast_layer_norm"),
            "LayerNorm through Apex's FusedLayerNorm (local spec)"),
     Fusion("apply_rope_fusion", "Transformer Engine >= 1.4 (fused_apply_rotary_pos_emb)", _te_rope, "RoPE models"),
@@ -87,8 +87,9 @@ def applicable(cfg, flag: str) -> bool:
         return m.activation == "swiglu"
     if flag == "cross_entropy_loss_fusion":
         return cfg.precision.bf16
-    if flag == "gradient_accumulation_fusion":
-        return cfg.parallel.engine == "megatron"
+    if flag == "gradient_accumulation_fusion":     # it writes weight gradients into main_grad, which megatron's
+        # DDP buffers provide and torch FSDP2 (TorchFullyShardedDataParallel) never creates (Megatron-LM refuses it)
+        return cfg.parallel.engine == "megatron" and cfg.parallel.data_parallel_sharding != "fsdp2"
     if flag == "persist_layer_norm":
         return m.normalization == "LayerNorm"
     if flag == "apply_rope_fusion":

@@ -198,5 +198,6 @@ def _gpt_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: bool, 
     spec = layer_spec(cfg, config, vp_stage)
     return GPTModel(config=config, transformer_layer_spec=spec,
                     mtp_block_spec=mtp_block_spec(config, spec, use_transformer_engine(cfg), vp_stage),
-                    rotary_base=cfg.model.rotary_base, vp_stage=vp_stage,
+                    rotary_base=cfg.model.rotary_base, rope_scaling=cfg.model.rope_scaling,
+                    rope_scaling_factor=cfg.model.rope_scaling_factor, vp_stage=vp_stage,
                     **language_model_args(cfg, pre_process, post_process))

@@ -88,6 +88,53 @@ def window_mismatch(config, cfg: JobConfig) -> str:
             f"model.window_size={window} and model.global_layers={[i for i, w in enumerate(theirs) if not w]}")
 
 
+# The llama3 RoPE scaling megatron-core 0.16.1 applies: only the factor is a GPTModel argument, the rest are
+# RotaryEmbedding._apply_scaling's defaults (models/common/embeddings/rotary_pos_embedding.py).
+MEGATRON_LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def rope_parameters(m) -> dict:
+    """transformers' rope_parameters of the recipe's RoPE (model config `m`)."""
+    if not m.rope_scaling:
+        return {"rope_type": "default", "rope_theta": float(m.rotary_base)}
+    return {"rope_type": "llama3", "rope_theta": float(m.rotary_base), "factor": float(m.rope_scaling_factor),
+            **MEGATRON_LLAMA3}
+
+
+def rope_mismatch(config, cfg: JobConfig) -> str:
+    """Where an HF config's RoPE (theta; rope_parameters, older rope_scaling) differs from what the recipe builds,
+    each with its fix, or what megatron-core cannot build; '' where they agree (or the recipe has no RoPE)."""
+    m = cfg.model
+    if m.position_embedding_type != "rope" or m.mla.enabled:
+        return ""
+    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+    kind = params.get("rope_type", params.get("type", "default"))
+    problems = []
+    if theta is not None and float(theta) != float(m.rotary_base):
+        problems.append(f"rope_theta={theta:g}, the recipe's model.rotary_base={m.rotary_base}. Fix: "
+                        f"model.rotary_base={theta:.0f}")
+    if kind == "default":
+        if m.rope_scaling:
+            problems.append("rope_type default (no scaling), the recipe has model.rope_scaling=true. Fix: "
+                            "model.rope_scaling=false")
+    elif kind == "llama3":
+        fallback = {"original_max_position_embeddings": getattr(config, "max_position_embeddings", None)}
+        theirs = {k: params.get(k, fallback.get(k)) for k in MEGATRON_LLAMA3}
+        factor = params.get("factor")
+        if any(theirs[k] is None or float(theirs[k]) != v for k, v in MEGATRON_LLAMA3.items()):
+            problems.append(f"rope_parameters (llama3) {theirs}: megatron-core 0.16.1 scales with {MEGATRON_LLAMA3} "
+                            "only (RotaryEmbedding._apply_scaling), so no recipe reproduces this model")
+        elif not m.rope_scaling or float(factor) != float(m.rope_scaling_factor):
+            problems.append(f"rope_parameters rope_type=llama3 factor={factor}, the recipe has model.rope_scaling="
+                            f"{str(m.rope_scaling).lower()} model.rope_scaling_factor={m.rope_scaling_factor}. Fix: "
+                            f"model.rope_scaling=true model.rope_scaling_factor={factor}")
+    else:
+        problems.append(f"rope_parameters.rope_type={kind!r}: megatron-core 0.16.1's GPTModel scales RoPE the llama3 "
+                        "way only (model.rope_scaling), so no recipe reproduces this model")
+    return "; ".join(problems)
+
+
 def moe_unsupported(cfg: JobConfig) -> List[str]:
     """What Mixtral cannot express of an MoE recipe (dense recipes: nothing)."""
     moe, problems = cfg.moe, []
@@ -259,7 +306,7 @@ def hf_config(cfg: JobConfig, vocab_size: int, bos: int, eos: int):
                   num_attention_heads=m.num_attention_heads, num_key_value_heads=d.num_query_groups,
                   head_dim=d.kv_channels, max_position_embeddings=d.max_position_embeddings,
                   rms_norm_eps=m.layernorm_epsilon,
-                  rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)}, hidden_act="silu",
+                  rope_parameters=rope_parameters(m), hidden_act="silu",
                   initializer_range=m.init_method_std, tie_word_embeddings=tied, bos_token_id=bos, eos_token_id=eos)
     moe = cfg.moe
     if moe.enabled:

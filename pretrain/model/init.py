@@ -3,7 +3,8 @@
 megatron-core initialises each rank's shard from the RNG stream of its stage, so a PP=2
 model starts from different weights than PP=1 and their losses cannot be compared. Here
 every weight matrix is drawn from a generator seeded by (seed, its global name), built
-at full size and sliced to this rank's shard. Biases and norms keep megatron-core's
+at full size and sliced to this rank's shard (the split as megatron-core records it: model/replicas.py;
+a replicated weight whole on every rank). Biases and norms keep megatron-core's
 deterministic zeros/ones. Costs one transient full-size tensor per parameter at start-up,
 on the parameter's device, or on the host with `model.init_on_cpu` (the same weights on a CPU and a
 GPU run; `model.layout_invariant_init=false` keeps megatron-core's own init).
@@ -21,9 +22,12 @@ import torch
 from megatron.core import parallel_state
 
 from ..config.schema import JobConfig
+from .replicas import owners, tp_split_dim
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
+# TE's grouped experts (moe.grouped_gemm): one weight<i> per local expert, drawn as SequentialMLP's expert i
+_GROUPED = re.compile(r"\.experts\.(linear_fc[12])\.weight(\d+)$")
 
 
 def seed_for(seed: int, name: str) -> int:
@@ -32,8 +36,9 @@ def seed_for(seed: int, name: str) -> int:
 
 def global_name(name: str, layer_offset: int, tied: bool, expert_offset: int = 0) -> str:
     """The parameter's name in the whole model: PP stages number their layers from 0 and EP ranks
-    their experts from 0 (`local_experts.i` is global expert expert_offset + i)."""
+    their experts from 0 (`local_experts.i`, or grouped experts' `weight<i>`, is global expert expert_offset + i)."""
     name = name.removeprefix("module.")
+    name = _GROUPED.sub(lambda m: f".experts.local_experts.{m.group(2)}.{m.group(1)}.weight", name)
     name = _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + layer_offset}.", name)
     name = _EXPERT.sub(lambda m: f".local_experts.{int(m.group(1)) + expert_offset}.", name)
     if tied and name == "output_layer.weight":      # the last stage's copy of the tied embedding
@@ -73,13 +78,15 @@ def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int,
     tied = not cfg.model.untie_embeddings_and_output_weights
     std = cfg.model.init_method_std
     scaled = std / math.sqrt(2.0 * cfg.model.num_layers) if cfg.model.scaled_output_init else std
+    owner = owners(model_chunk)
     for local_name, param in model_chunk.named_parameters():
         shape = getattr(param, "ds_shape", param.shape)       # ZeRO-3 keeps the whole shape there
         if len(shape) < 2:
             continue
         name = global_name(local_name, layer_offset, tied, expert_offset)
-        split = getattr(param, "tensor_model_parallel", False)
-        dim = getattr(param, "partition_dim", 0) if split else 0
+        # megatron-core's split, not TE's attribute alone: TE marks a duplicated Linear split (model/replicas.py)
+        dim = tp_split_dim(owner.get(id(param)), param)
+        split = dim is not None
         ways, index = (expert_tp, expert_rank) if ".local_experts." in name else (tp, rank)
         full_shape = list(shape)
         if split:

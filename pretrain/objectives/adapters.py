@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..checkpoint.store import agreed_load
+from ..checkpoint.pins import pinned_load
 from ..config.schema import JobConfig
 from ..data.packing import MicroBatch
 from ..distill.loss import Distiller
@@ -90,7 +90,7 @@ class PeftAdapted(ObjectiveAdapter):
     def after_optimizer(self, model: List[torch.nn.Module], optimizer, log) -> None:
         self.inner.after_optimizer(model, optimizer, log)
         cfg = self.cfg
-        found = agreed_load(cfg.peft.base_checkpoint, field="peft.base_checkpoint").found
+        found = pinned_load(cfg, "peft.base_checkpoint").found      # the step pinned at the run's first start
         load_model_weights(model, cfg, found.engine_dir, found.meta, keep=is_base)
         optimizer.reload_model_params()
         self.base = {"path": str(found.path), "step": found.meta.get("step")}

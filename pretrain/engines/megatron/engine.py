@@ -25,6 +25,7 @@ from megatron.core.utils import to_local_if_dtensor
 
 from ...config.schema import JobConfig
 from ...model.gpt import transformer_config
+from ...model.replicas import check_replicas
 from .. import cpu_compat
 from ..base import Engine, Objective, StepResult, label_logprobs
 from ..common import init_distributed
@@ -91,6 +92,7 @@ class MegatronEngine(Engine):
                 # on the last (norms and softmax stay fp32 inside megatron-core's modules).
                 chunk = Float16Module(self.tconfig, chunk)
             chunks.append(chunk)
+        check_replicas(chunks)          # TP-replicated weights equal on every TP rank (model/replicas.py)
         if cfg.moe.enabled:
             for chunk in chunks:
                 keep_experts_apart(chunk)

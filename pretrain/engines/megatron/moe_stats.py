@@ -5,7 +5,8 @@
   `track_moe_metrics` does (over pipeline stages, the router's group, data parallel) and averaged
   over the MoE layers and micro-batches: `moe_load_balancing_loss`, `moe_z_loss`.
 * expert load: a forward hook on every router counts the tokens each expert receives (its routing
-  map, after any capacity dropping) over the step's training micro-batches, summed over the ranks
+  map, after any capacity dropping) over the step's training micro-batches, on the router's device
+  (one copy to the host per step, in `collect`), summed over the ranks
   that route distinct tokens. Per MoE layer: tokens per expert; over layers: the most and least
   loaded expert relative to an even share (`moe_load_max`, `moe_load_min`; 1.0 is perfect balance)
   and the fraction of routed slots dropped by capacity (`moe_dropped`).
@@ -65,7 +66,11 @@ class MoEStats:
             return                        # validation and evaluation do not count
         routing_map = output[1]
         layer = router.layer_number - 1
-        self.counts[layer] += routing_map.sum(dim=0).to(self.counts)
+        # Counted where the routing map is (the GPU): a copy to the host here would sync every router of every
+        # micro-batch; collect() copies the step's counts once.
+        if self.counts.device != routing_map.device:
+            self.counts = self.counts.to(routing_map.device)
+        self.counts[layer] += routing_map.sum(dim=0).to(self.counts.dtype)
         self.tokens[layer] += routing_map.shape[0]
 
     def _sum_over_token_ranks(self, value: torch.Tensor, device) -> torch.Tensor:
@@ -121,7 +126,8 @@ class MoEStats:
 
     def collect(self, num_microbatches: int, device) -> dict:
         """This step's MoE metrics (every rank returns the same), then start counting the next."""
-        both = self._sum_over_token_ranks(torch.cat([self.counts.reshape(-1), self.tokens, self.is_moe]), device)
+        both = self._sum_over_token_ranks(torch.cat([t.to(device) for t in (self.counts.reshape(-1), self.tokens,
+                                                                            self.is_moe)]), device)
         layers, experts = self.counts.shape
         counts = both[:layers * experts].reshape(layers, experts)
         tokens, is_moe = both[layers * experts:layers * (experts + 1)], both[layers * (experts + 1):] > 0
