@@ -21,6 +21,7 @@ from .moe import moe_problems
 from .mtp import mtp_problems
 from .objective import ARCH_OBJECTIVE, OBJECTIVES, objective_problems
 from .observability import downstream_problems, straggler_problems, tracker_problems
+from .optimizer import optim_problems
 from .peft import peft_problems
 from .precision import precision_problems
 from .schema import DTYPES, DeepSpeedConfig, JobConfig
@@ -220,8 +221,7 @@ def validate(cfg: JobConfig) -> None:
         add(f"optim.name={o.name} with parallel.use_distributed_optimizer=true: megatron-core's distributed-optimizer "
             "checkpoints hold Adam's state only, so this run could not be resumed. Fix: optim=adamw, or a parallel "
             "option without the distributed optimizer.")
-    if o.min_lr > o.lr:
-        add(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}.")
+    optim_problems(cfg, add)        # optim.lr, min_lr, weight_decay, betas, eps, clip_grad
     if (s.train_iters is None) == (s.train_tokens is None):
         add("exactly one of schedule.train_iters and schedule.train_tokens must be set "
             f"(are {s.train_iters}, {s.train_tokens}).")
