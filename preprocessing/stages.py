@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from tqdm import tqdm
 
+from common.digest import tree_digests
 from common.registry import Registry
 
 from .blend import write_blend
@@ -337,7 +338,8 @@ def merge(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
         else None
     blend = write_blend(out / "blend.json", {s: [(1.0, _dataset_name(cfg, s))] for s in SPLITS},
                         tokenizer={"type": cfg.tokenizer.type, "path": cfg.tokenizer.path,
-                                   "vocab_size": tok.vocab_size, "eod": tok.eod},
+                                   "vocab_size": tok.vocab_size, "eod": tok.eod,
+                                   "files": tree_digests(cfg.tokenizer.path)},     # compose compares them
                         made_by={"config": cfg.name, "fingerprint": config_fingerprint(cfg)}, sentences=sentences)
     print_summary(f"{cfg.name}: tokens per split -> {blend}",
                   {f"{s} documents / tokens": f"{c['documents']:,} / {c['tokens']:,}" for s, c in counts.items()})

@@ -13,6 +13,7 @@ from ..engines.registry import ENGINES
 from ..optim.registry import OPTIMIZERS
 from ..schedules import LR_SCHEDULES, WSD_SHAPES
 from .attention import attention_problems
+from .blend_file import blend_problems
 from .data import document_mask_problems, fim_problems
 from .derive import batch_ramp, pipeline_stage_layers
 from .fsdp2 import fsdp2_problems
@@ -193,6 +194,7 @@ def validate(cfg: JobConfig) -> None:
     tracker_problems(cfg, add)
     straggler_problems(cfg, add)
     fim_problems(cfg, add)
+    blend_problems(cfg, add)        # data.blend is a blend, tokenized with data.tokenizer (blend.json's record)
     document_mask_problems(cfg, add)
     attention_problems(cfg, add)
     mla_problems(cfg, add)
