@@ -15,7 +15,7 @@ SHELL := /bin/bash
 
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-RECIPE ?= gpt-tiny
+RECIPE ?=
 OVERRIDES ?=
 JSON   ?=
 INPUT  ?=

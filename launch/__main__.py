@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from common.cli import command, env_flag, overrides_from_env, recipe_from_env
+from common.cli import command, env_flag, overrides_from_env, required_recipe
 from common.config import ConfigError
 from common.files import write_atomic
 from launch.preprocess import dry_run as preprocess_scripts
@@ -187,7 +187,7 @@ def runs_here(job, dry_run: bool = False) -> bool:
 
 @command
 def main() -> int:
-    recipe = recipe_from_env()
+    recipe = required_recipe("pretrain")
     job = load_recipe(recipe, overrides_from_env())
     run_dir = Path(job.run_dir)
     dry_run = env_flag("DRY_RUN")

@@ -32,7 +32,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, open_dict
 
-from common.cli import command, overrides_from_env, recipe_from_env
+from common.cli import command, overrides_from_env, required_recipe
 from common.config import ConfigError
 from common.files import write_atomic
 from common.paths import RECIPES_DIR, REPO_ROOT
@@ -148,7 +148,7 @@ def summarize(sweep_dir: Path) -> str:
 
 @command
 def main() -> int:
-    recipe = recipe_from_env()
+    recipe = required_recipe("ablate")
     sweep, overrides = overrides_from_env("SWEEP"), overrides_from_env()
     if not sweep:
         print("usage: make ablate RECIPE=<recipe> SWEEP='key=a,b key2=c,d' [OVERRIDES='...']", file=sys.stderr)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from common.cli import command, overrides_from_env, recipe_from_env
+from common.cli import command, overrides_from_env, required_recipe
 from common.files import check_output_dir, update_dir
 
 from ..checkpoint.meta import LoopState, checkpoint_meta
@@ -222,7 +222,7 @@ def main() -> int:
         if not env.get("INPUT") or not env.get("OUTPUT"):
             print("usage: make import-hf INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<checkpoint dir>", file=sys.stderr)
             return 2
-        cfg = load_recipe(recipe_from_env(), overrides_from_env())
+        cfg = load_recipe(required_recipe("import-hf"), overrides_from_env())
         out = import_hf(env["INPUT"], cfg, env["OUTPUT"])
         print(f">> imported {env['INPUT']} -> {out}; start from it with checkpoint.load={env['OUTPUT']} "
               "checkpoint.load_weights_only=true")
