@@ -78,6 +78,13 @@ def test_a_missing_tokenizer_is_refused_once_the_blend_exists(tmp_path):
     b = blend(tmp_path, tok)
     [text] = problems(f"data.blend={b}", f"data.tokenizer.path={tmp_path / 'nowhere'}")
     assert text.startswith(f"data.tokenizer.path={tmp_path / 'nowhere'} does not exist") and str(tok) in text
+    # the recorded tokenizer itself gone: refused once the data is there (a blend shipped in conf/ names the
+    # demo's files before the demo pipeline wrote them, its tokenizer with them)
+    gone = blend(tmp_path, tmp_path / "gone", files=False, name="gone.json")
+    assert problems(f"data.blend={gone}", f"data.tokenizer.path={tmp_path / 'gone'}") == []
+    (tmp_path / "train_text_document.bin").write_bytes(b"")
+    [text] = problems(f"data.blend={gone}", f"data.tokenizer.path={tmp_path / 'gone'}")
+    assert text.startswith(f"data.tokenizer.path={tmp_path / 'gone'} does not exist")
     # not written yet (make pretrain preprocesses first; a dry run shows the plan): nothing to compare
     assert problems(f"data.blend={tmp_path / 'later' / 'blend.json'}",
                     f"data.tokenizer.path={tmp_path / 'nowhere'}") == []

@@ -56,6 +56,14 @@ def _found(path: str) -> Optional[Path]:
     return None
 
 
+def _tokenized(blend: str, body: dict) -> bool:
+    """Whether the blend's train data is there (a blend shipped in conf/ names files the demo pipeline writes
+    later, with the tokenizer beside them)."""
+    items = (body.get("splits") or {}).get("train") or []
+    prefixes = [Path(str(it.get("prefix"))) for it in items if isinstance(it, dict)]
+    return any(Path(f"{p if p.is_absolute() else Path(blend).parent / p}.bin").exists() for p in prefixes)
+
+
 def blend_problems(cfg: JobConfig, add) -> None:
     """The rules of data.blend and data.tokenizer that need the blend file; `add` collects each problem."""
     d = cfg.data
@@ -70,7 +78,8 @@ def blend_problems(cfg: JobConfig, add) -> None:
     if body is None:
         return                                  # not written yet (make pretrain preprocesses first), or unreadable
     t, recorded = d.tokenizer, body.get("tokenizer") or {}
-    if t.path and recorded.get("path") and not Path(t.path).exists():
+    if t.path and recorded.get("path") and not Path(t.path).exists() and (
+            _tokenized(d.blend, body) or Path(t.path).resolve() != Path(recorded["path"]).resolve()):
         add(f"data.tokenizer.path={t.path} does not exist, and data.blend={d.blend} was tokenized with "
             f"{recorded['path']}: the run needs that tokenizer (FIM, evals, export). Fix: "
             f"data.tokenizer.path={recorded['path']}, or the data option of this blend.")
