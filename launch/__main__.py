@@ -16,6 +16,7 @@ stages whose settings or inputs changed.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -32,11 +33,12 @@ from common.files import write_atomic
 from launch.preprocess import dry_run as preprocess_scripts
 from launch.preprocess import dry_run_local, submit_pipeline, with_cluster
 from launch.slurm import render, submit
+from launch.unattended import slurm_warnings
 from preprocessing.blend import made_by
 from preprocessing.cli import load_config
 from preprocessing.pipeline import run_pipeline
 from preprocessing.stages import config_fingerprint
-from pretrain.config.compose import config_diff, load_recipe, to_yaml
+from pretrain.config.compose import SAID_ENV, config_diff, load_recipe, to_yaml, warn, warnings_last
 from pretrain.config.epochs import check_epochs
 from pretrain.stability.lifetime import RunDirBusy, check_free
 
@@ -141,7 +143,7 @@ def launch_local(job, run_dir: Path) -> int:
     script.write_text(local_script(job, run_dir))
     script.chmod(0o755)
     print(f">> {script}", flush=True)
-    code = subprocess.call(["bash", str(script)])
+    code = subprocess.call(["bash", str(script)], env={**os.environ, SAID_ENV: "1"})   # said above, once
     if code == 0:
         final = json.loads((run_dir / "final.json").read_text())["final"]
         for rec in final:
@@ -188,16 +190,20 @@ def runs_here(job, dry_run: bool = False) -> bool:
 @command
 def main() -> int:
     recipe = required_recipe("pretrain")
-    job = load_recipe(recipe, overrides_from_env())
-    run_dir = Path(job.run_dir)
     dry_run = env_flag("DRY_RUN")
-    try:
-        local = runs_here(job, dry_run)
-    except RuntimeError as err:
-        print(err, file=sys.stderr)
-        return 2
-    if dry_run:
-        return print_dry_run(job, recipe, run_dir, local)
+    with warnings_last() if dry_run else contextlib.nullcontext():      # a dry run's below its script
+        job = load_recipe(recipe, overrides_from_env())
+        run_dir = Path(job.run_dir)
+        try:
+            local = runs_here(job, dry_run)
+        except RuntimeError as err:
+            print(err, file=sys.stderr)
+            return 2
+        if dry_run:
+            code = print_dry_run(job, recipe, run_dir, local)
+            for line in [] if local else slurm_warnings(job):
+                warn(f"WARNING cluster: {line}")
+            return code
     try:
         check_frozen_inputs(job)
         preprocessing = ensure_data(job, local)
@@ -217,6 +223,8 @@ def main() -> int:
     try:
         if local:
             return launch_local(job, run_dir)
+        for line in slurm_warnings(job):
+            warn(f"WARNING cluster: {line}")
         return launch_slurm(job, run_dir, after=preprocessing[-1] if preprocessing else None)
     except (FileNotFoundError, RuntimeError) as err:
         print(err, file=sys.stderr)

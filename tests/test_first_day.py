@@ -55,3 +55,41 @@ def test_ckpt_info_fails_on_a_damaged_checkpoint_and_names_a_truncated_meta_json
     (step / "meta.json").write_text((step / "meta.json").read_text()[:50])
     assert main() == 2
     assert capsys.readouterr().err.startswith(f"{step / 'meta.json'} is not readable JSON (")
+
+
+def test_compose_warnings_come_once_below_the_yaml(capsys):
+    """The warmup warning was printed above 370 lines of YAML (and again by the trainer): `make config` now says it
+    after the YAML, once; the local launcher's trainer does not repeat what the launcher said."""
+    import contextlib
+    import io
+
+    from pretrain.config.__main__ import main
+    from pretrain.config.compose import SAID_ENV, load_recipe
+    both = io.StringIO()
+    with contextlib.redirect_stdout(both), contextlib.redirect_stderr(both):
+        assert main(["gpt-tiny", "schedule.lr_warmup=400", "data=mock"]) == 0
+    text = both.getvalue()
+    assert text.count("schedule.lr_warmup=400 steps covers the whole run (300 steps)") == 1
+    assert text.index("WARNING recipes/gpt-tiny.yaml: schedule.lr_warmup") > text.index("derived:")
+    assert text.rstrip().splitlines()[-1].startswith("WARNING recipes/gpt-tiny.yaml: schedule.lr_warmup=400")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SAID_ENV, "1")
+        load_recipe("gpt-tiny", ["schedule.lr_warmup=400", "data=mock"])
+    assert "lr_warmup" not in capsys.readouterr().err
+
+
+def test_a_slurm_run_that_cannot_finish_unattended_and_sbatch_defaults_are_said():
+    """gpt-7b's default: 11 jobs x 48 h = 528 h < the planned 559.5 h, partition and account null, nothing said."""
+    from launch.unattended import slurm_warnings
+    from pretrain.config.compose import load_recipe
+    partition, account, chain = slurm_warnings(load_recipe("gpt-7b"))
+    assert partition.startswith("cluster.partition is null on cluster=slurm-h100: sbatch submits to the cluster's "
+                                "default partition") and account.startswith("cluster.account is null")
+    assert chain.startswith("11 jobs (1 + cluster.max_restarts=10 requeues) x cluster.time=48:00:00 = 528 h, less "
+                            "than the 559.5 h `make plan` estimates for gpt-7b on 16 x H100-SXM")
+    assert "Fix: cluster.max_restarts=11 (at least)" in chain
+    site = ["cluster.partition=gpu", "cluster.account=proj"]
+    assert slurm_warnings(load_recipe("gpt-7b", [*site, "cluster.max_restarts=11"])) == []
+    [chain] = slurm_warnings(load_recipe("gpt-7b", [*site, "cluster.requeue=false", "cluster.chain_jobs=3"]))
+    assert chain.startswith("4 jobs (1 + cluster.chain_jobs=3, cluster.requeue=false)") and "chain_jobs=11" in chain
+    assert slurm_warnings(load_recipe("gpt-tiny")) == []                   # a local launch

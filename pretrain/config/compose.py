@@ -7,11 +7,12 @@ Two ways in, one way through `finalize`:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
@@ -142,10 +143,39 @@ def check_teacher(job: JobConfig) -> None:
         raise ConfigError(problems)
 
 
-def _warn(text: str) -> None:
-    """From one process (the launcher's compose and rank 0, not every rank)."""
-    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":     # torchrun's, or srun's before init
+# Set by the local launcher for the trainer it starts: the launcher said the compose warnings already, and the
+# trainer's rank 0 composing the same config.yaml again would repeat each one.
+SAID_ENV = "PRETRAIN_COMPOSE_WARNINGS_SAID"
+_deferred: Optional[list[str]] = None
+
+
+def warn(text: str) -> None:
+    """A warning from one process (the launcher's compose and rank 0, not every rank), once; inside
+    `warnings_last` it waits for the end of the command's output."""
+    if os.environ.get(SAID_ENV) or os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) != "0":
+        return                                              # torchrun's RANK, or srun's before init
+    if _deferred is None:
         print(text, file=sys.stderr)
+    elif text not in _deferred:
+        _deferred.append(text)
+
+
+_warn = warn
+
+
+@contextlib.contextmanager
+def warnings_last() -> Iterator[None]:
+    """Hold the warnings until the block ends, then print each once: `make config` and DRY_RUN=1 print hundreds of
+    lines of YAML, and a warning above them scrolls away unread."""
+    global _deferred
+    outer, _deferred = _deferred, []
+    try:
+        yield
+    finally:
+        held, _deferred = _deferred, outer
+        for text in held:
+            warn(text)
+        sys.stderr.flush()
 
 
 def warn_whole_run_warmup(job: JobConfig, source: str) -> None:
