@@ -46,6 +46,7 @@ from .dedup.run import run_dedup
 from .dedup.run import step_tasks as dedup_step_tasks
 from .fetch import fetch
 from .filters import QualityFilter
+from .losses import check_normalized, check_pass
 from .markers import Marker, fingerprint, print_summary
 from .normalize import ExactDedup, normalize_text
 from .parts import (
@@ -145,6 +146,7 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     bad.check(inp.max_bad_fraction, f"inputs {inp.paths}")
     summary = {"documents in": bad.good, "exact duplicates": len(removed), "kept": kept}
     print_summary("normalize + exact dedup", summary, dict(bad.counts))
+    check_normalized(bad.good, kept, inp.paths, dict(bad.counts))       # an empty input stops here
     marker.mark({**summary, "bad": bad.as_dict()}, outputs=[out, removed_out])
     return out
 
@@ -269,6 +271,9 @@ def register_pass(name: str, make: Callable[[PreprocessConfig], DocumentPass],
                      for k in (range(n) if shard is None else [shard])]
         total = add_summaries(summaries)
         print_pass_summary(title if shard is None else f"{title}: part {shard + 1} of {n}", total)
+        # every part here: an empty result stops; one array task's part may be empty, so it only warns
+        check_pass(name if shard is None else f"{name}, part {shard + 1} of {n}", total, list(cfg.input.paths),
+                   refuse=shard is None)
         return total
     PASSES.add(name)
     register_stage(name, shards=part_count, enabled=enabled)(run)
