@@ -59,13 +59,26 @@ def compose_recipe(recipe: str, overrides: Iterable[str] = ()) -> DictConfig:
         raise ConfigError([f"no recipe {recipe!r} in {RECIPES_DIR}. Available: {', '.join(available_recipes())}"],
                           source="RECIPE")
     overrides = list(overrides)
-    unknown = key_problems(overrides, groups=[p.name for p in (REPO_ROOT / "conf").iterdir() if p.is_dir()])
+    unknown = key_problems(overrides, groups=_groups())
     if unknown:
         raise _renamed(ConfigError(unknown, source=f"recipes/{recipe}.yaml"))
     try:
         return compose_dir(RECIPES_DIR, recipe, overrides, source=f"recipes/{recipe}.yaml")
     except ConfigError as err:
         raise _typed(_renamed(err)) from None
+
+
+def _groups() -> list[str]:
+    return [p.name for p in (REPO_ROOT / "conf").iterdir() if p.is_dir()]
+
+
+def check_cli_overrides(argv: list[str]) -> None:
+    """The override-key check of every make target, for `python -m pretrain.train -cn <recipe> key=value ...`
+    (Hydra's own entry point, which would take `+optim.lrr=1e-4` and drop the key): problems printed, exit 2."""
+    unknown = key_problems([a for a in argv if "=" in a and not a.startswith("-")], groups=_groups())
+    if unknown:
+        print(_renamed(ConfigError(unknown, source="python -m pretrain.train")), file=sys.stderr)
+        sys.exit(2)
 
 
 def _typed(err: ConfigError) -> ConfigError:
