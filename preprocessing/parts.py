@@ -182,7 +182,7 @@ def split_counts(work: Path, n: int) -> Dict[str, int]:
     for k in range(n):
         marker = work / "split" / f".done-split-{k:05d}-of-{n:05d}.json"
         if not marker.is_file():
-            raise FileNotFoundError(f"{marker} missing: split part {k} of {n} has not finished (python -m "
+            raise FileNotFoundError(f"{marker} missing: split part {k} of {n} has not finished (.venv/bin/python -m "
                                     f"preprocessing.pipeline --stage split --shard {k})")
         total.update({s: json.loads(marker.read_text())[s] for s in SPLITS})
     if not sum(total.values()):

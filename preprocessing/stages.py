@@ -102,8 +102,8 @@ def _jsonl_input(cfg: PreprocessConfig, paths: Path | List[Path]) -> InputConfig
 
 def _needs(path: Path, stage: str) -> Path:
     if not path.exists():
-        raise FileNotFoundError(f"{path} missing: stage {stage!r} has not finished (python -m preprocessing.pipeline "
-                                f"--stage {stage})")
+        raise FileNotFoundError(f"{path} missing: stage {stage!r} has not finished (.venv/bin/python -m "
+                                f"preprocessing.pipeline --stage {stage})")
     return path
 
 

@@ -93,3 +93,34 @@ def test_a_slurm_run_that_cannot_finish_unattended_and_sbatch_defaults_are_said(
     [chain] = slurm_warnings(load_recipe("gpt-7b", [*site, "cluster.requeue=false", "cluster.chain_jobs=3"]))
     assert chain.startswith("4 jobs (1 + cluster.chain_jobs=3, cluster.requeue=false)") and "chain_jobs=11" in chain
     assert slurm_warnings(load_recipe("gpt-tiny")) == []                   # a local launch
+
+
+def test_compare_writes_its_png_beside_the_runs_not_in_the_working_directory(tmp_path, monkeypatch, capsys):
+    """`make compare` wrote compare.png into the repository root."""
+    from evals import compare
+    runs = [tmp_path / "runs" / name for name in ("a", "b")]
+    for run in runs:
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("")
+    monkeypatch.setattr(compare, "table", lambda runs: ("table", None))
+    monkeypatch.setattr(compare, "plot", lambda runs, output: 4)
+    monkeypatch.setenv("RUNS", " ".join(map(str, runs)))
+    monkeypatch.delenv("OUTPUT", raising=False)
+    monkeypatch.chdir(tmp_path / "runs" / "a")
+    assert compare.main() == 0
+    assert f">> 4 curves -> {tmp_path / 'runs' / 'compare.png'}" in capsys.readouterr().out
+    assert compare.default_output(runs[:1]) == runs[0] / "compare.png"
+
+
+@pytest.mark.parametrize("override", ["optim.lrr=1e-4", "+optim.lrr=1e-4"])
+def test_python_m_pretrain_train_checks_override_keys(monkeypatch, capsys, override):
+    """`python -m pretrain.train -cn <recipe> key=...` skipped the key check of every make target: `+optim.lrr`
+    composed with the key dropped."""
+    from pretrain import train
+    monkeypatch.setattr("sys.argv", ["pretrain.train", "-cn", "gpt-tiny", "schedule.train_iters=2", override])
+    with pytest.raises(SystemExit) as code:
+        train.main()
+    assert code.value.code == 2
+    err = capsys.readouterr().err
+    assert "optim.lrr is not a field of the config. Did you mean optim.lr or optim.min_lr?" in err
+    assert "(`.venv/bin/python -m pretrain.config --describe` lists every field)" in err     # a hint that runs

@@ -72,7 +72,7 @@ def blend_problems(cfg: JobConfig, add) -> None:
     if d.blend.endswith(INDEXED) or (not Path(d.blend).exists() and Path(f"{d.blend}.bin").exists()):
         add(f"data.blend={d.blend} is an indexed dataset (.bin/.idx), not a blend file. Fix: point data.blend at the "
             "blend.json preprocessing wrote beside it (its output_dir), or write one for these files "
-            "(`python -m preprocessing.blend`, docs/data.md).")
+            "(`.venv/bin/python -m preprocessing.blend`, docs/data.md).")
         return
     body = blend_body(d.blend)
     if body is None:
