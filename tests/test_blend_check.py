@@ -85,6 +85,11 @@ def test_a_missing_tokenizer_is_refused_once_the_blend_exists(tmp_path):
     (tmp_path / "train_text_document.bin").write_bytes(b"")
     [text] = problems(f"data.blend={gone}", f"data.tokenizer.path={tmp_path / 'gone'}")
     assert text.startswith(f"data.tokenizer.path={tmp_path / 'gone'} does not exist")
-    # not written yet (make pretrain preprocesses first; a dry run shows the plan): nothing to compare
-    assert problems(f"data.blend={tmp_path / 'later' / 'blend.json'}",
-                    f"data.tokenizer.path={tmp_path / 'nowhere'}") == []
+    # not written yet (make pretrain preprocesses first; a dry run shows the plan): compared with the tokenizer
+    # data.preprocess (demo) will write
+    later = tmp_path / "later" / "blend.json"
+    [text] = problems(f"data.blend={later}", f"data.tokenizer.path={tmp_path / 'nowhere'}")
+    assert text == (f"data.tokenizer.path={tmp_path / 'nowhere'} does not exist, and data.preprocess=demo, which "
+                    f"writes data.blend={later}, tokenizes with data/demo/bpe4k/tokenizer. Fix: "
+                    "data.tokenizer.path=data/demo/bpe4k/tokenizer, or the data option of your corpus (docs/data.md).")
+    assert problems(f"data.blend={later}") == []          # the tokenizer the pipeline writes with the blend

@@ -7,7 +7,7 @@ one trains on ids that mean other words, and `make export` ships that other toke
 (cutting the embedding to its vocabulary): nothing fails, the model is garbage. So at compose time the
 recorded tokenizer is compared with `data.tokenizer`: the type, then the files' bytes (the recorded digests,
 or for an older blend the files at the recorded path), then the vocabulary against `model.vocab_size`.
-Standard library and common/ only (the ground floor: tests/test_architecture.py).
+Standard library, OmegaConf and common/ only (the ground floor: tests/test_architecture.py).
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
+
+from omegaconf import OmegaConf
 
 from common.digest import tree_digests
 from common.paths import REPO_ROOT
@@ -56,6 +58,20 @@ def _found(path: str) -> Optional[Path]:
     return None
 
 
+def _written_tokenizer(preprocess: Optional[str]) -> Optional[str]:
+    """The tokenizer path the preprocessing config `preprocess` (a name in preprocessing/conf/, or a YAML file)
+    sets itself; None when it inherits or interpolates one, or cannot be read (the pipeline says more)."""
+    if not preprocess:
+        return None
+    path = Path(preprocess) if preprocess.endswith((".yaml", ".yml")) else \
+        REPO_ROOT / "preprocessing" / "conf" / f"{preprocess}.yaml"
+    try:
+        found = OmegaConf.select(OmegaConf.load(path), "tokenizer.path", throw_on_missing=False)
+    except Exception:                   # any unreadable file: no rule here, the pipeline names the problem
+        return None
+    return found if isinstance(found, str) and "${" not in found else None
+
+
 def _tokenized(blend: str, body: dict) -> bool:
     """Whether the blend's train data is there (a blend shipped in conf/ names files the demo pipeline writes
     later, with the tokenizer beside them)."""
@@ -75,8 +91,14 @@ def blend_problems(cfg: JobConfig, add) -> None:
             "(`.venv/bin/python -m preprocessing.blend`, docs/data.md).")
         return
     body = blend_body(d.blend)
-    if body is None:
-        return                                  # not written yet (make pretrain preprocesses first), or unreadable
+    if body is None:                            # not written yet (make pretrain preprocesses first), or unreadable
+        writes = _written_tokenizer(d.preprocess) if not Path(d.blend).exists() else None
+        t = d.tokenizer
+        if t.path and writes and not Path(t.path).exists() and Path(t.path).resolve() != Path(writes).resolve():
+            add(f"data.tokenizer.path={t.path} does not exist, and data.preprocess={d.preprocess}, which writes "
+                f"data.blend={d.blend}, tokenizes with {writes}. Fix: data.tokenizer.path={writes}, or the data "
+                "option of your corpus (docs/data.md).")
+        return
     t, recorded = d.tokenizer, body.get("tokenizer") or {}
     if t.path and recorded.get("path") and not Path(t.path).exists() and (
             _tokenized(d.blend, body) or Path(t.path).resolve() != Path(recorded["path"]).resolve()):
