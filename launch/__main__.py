@@ -38,6 +38,7 @@ from preprocessing.blend import made_by
 from preprocessing.cli import load_config
 from preprocessing.pipeline import run_pipeline
 from preprocessing.stages import config_fingerprint
+from pretrain.config.blend_file import check_blend
 from pretrain.config.compose import SAID_ENV, config_diff, load_recipe, to_yaml, warn, warnings_last
 from pretrain.config.epochs import check_epochs
 from pretrain.stability.lifetime import RunDirBusy, check_free
@@ -208,6 +209,7 @@ def main() -> int:
         check_frozen_inputs(job)
         preprocessing = ensure_data(job, local)
         check_epochs(job, "make pretrain")      # the blend a local launch just wrote (SLURM: the job's compose)
+        check_blend(job, "make pretrain")       # ... tokenized with data.tokenizer (compose saw no blend yet)
     except (ConfigError, FileNotFoundError, RuntimeError) as err:
         print(err, file=sys.stderr)
         return 2

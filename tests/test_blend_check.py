@@ -93,3 +93,16 @@ def test_a_missing_tokenizer_is_refused_once_the_blend_exists(tmp_path):
                     f"writes data.blend={later}, tokenizes with data/demo/bpe4k/tokenizer. Fix: "
                     "data.tokenizer.path=data/demo/bpe4k/tokenizer, or the data option of your corpus (docs/data.md).")
     assert problems(f"data.blend={later}") == []          # the tokenizer the pipeline writes with the blend
+
+
+def test_a_blend_written_after_the_compose_is_checked_before_training(tmp_path):
+    """make pretrain composes before its preprocessing writes the blend; launch checks it again after
+    (pretrain/config/blend_file.check_blend), before the trainer starts."""
+    from pretrain.config.blend_file import check_blend
+    tok = tokenizer(tmp_path / "tok")
+    job = load_recipe("gpt-tiny", ["schedule.train_iters=2", f"data.blend={tmp_path / 'blend.json'}",
+                                   f"data.tokenizer.path={tok}"])
+    check_blend(job, "make pretrain")                          # no blend yet: nothing to compare
+    blend(tmp_path, tokenizer(tmp_path / "gpt2", "gpt2 merges"), kind="gpt2", vocab=4096)
+    with pytest.raises(ConfigError, match=r"(?s)make pretrain: 1 problem.*tokenized with the gpt2 tokenizer"):
+        check_blend(job, "make pretrain")

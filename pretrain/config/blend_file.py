@@ -18,6 +18,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
+from common.config import ConfigError
 from common.digest import tree_digests
 from common.paths import REPO_ROOT
 
@@ -136,3 +137,12 @@ def _tokenizer_problems(cfg: JobConfig, recorded: dict, add) -> None:
     if isinstance(vocab, int) and vocab > m.vocab_size:
         add(f"{said} (vocabulary {vocab:,}, eod {recorded.get('eod')}), above model.vocab_size={m.vocab_size:,}: its "
             f"ids would index past the embedding. Fix: model.vocab_size={vocab}, or the recipe's data option.")
+
+
+def check_blend(cfg: JobConfig, source: str) -> None:
+    """`blend_problems` raised as one ConfigError: for a blend written after the compose (make pretrain's
+    preprocessing), before anything trains on it."""
+    problems: list = []
+    blend_problems(cfg, problems.append)
+    if problems:
+        raise ConfigError(problems, source=source)
