@@ -15,7 +15,7 @@ SHELL := /bin/bash
 
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-RECIPE ?= gpt-tiny
+RECIPE ?=
 OVERRIDES ?=
 JSON   ?=
 INPUT  ?=
@@ -147,7 +147,7 @@ eval-data: $(STAMP)  ## [TASKS=hyperbaton,winowhy,...] [RECIPE=...]: BIG-bench M
 eval: $(STAMP)  ## RUN=<run_dir> [STEP=N] [TASKS=a,b] [LIMIT=N]: lm-eval-harness offline on the run's HF export
 	$(PY) -m evals.harness
 
-compare: $(STAMP)  ## RUNS="runs/a runs/b" [OUTPUT=compare.png]: loss / val-ppl curves and a final-metrics table
+compare: $(STAMP)  ## RUNS="runs/a runs/b" [OUTPUT=<png>; default <their dir>/compare.png]: loss / val-ppl curves and a final-metrics table
 	$(PY) -m evals.compare
 
 ckpt-info: $(STAMP)  ## CKPT=<dir>: step, tokens, layout, precision of a checkpoint; config diff against RECIPE

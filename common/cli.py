@@ -11,6 +11,7 @@ import sys
 from typing import Callable, Optional
 
 from .config import ConfigError
+from .paths import RECIPES_DIR
 
 OFF = ("", "0", "false", "no", "off")
 DEFAULT_RECIPE = "gpt-tiny"
@@ -53,6 +54,17 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
 def recipe_from_env(default: Optional[str] = DEFAULT_RECIPE) -> Optional[str]:
     """$RECIPE (how every make target names the recipe); unset or empty: `default`."""
     return os.environ.get("RECIPE") or default
+
+
+def required_recipe(target: str) -> str:
+    """$RECIPE for a target that runs work (`make pretrain`, `ablate`, `import-hf`): unset or empty is refused with
+    the recipes there are, never a silent gpt-tiny (a 300-step run the user did not ask for)."""
+    recipe = (os.environ.get("RECIPE") or "").strip()
+    if not recipe:
+        names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+        raise ConfigError([f"RECIPE is not set, and `make {target}` runs the recipe it names. Fix: make {target} "
+                           f"RECIPE=<name> with one of: {', '.join(names)} (README.md, Recipes)."], source="RECIPE")
+    return recipe
 
 
 def overrides_from_env(name: str = "OVERRIDES") -> list[str]:

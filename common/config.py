@@ -13,7 +13,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-DESCRIBE_HINT = "check the key's spelling and type; `python -m pretrain.config --describe` lists every field."
+DESCRIBE_HINT = "check the key's spelling and type; `.venv/bin/python -m pretrain.config --describe` lists every field."
 
 
 def doc(default: Any, text: str, *, factory: Any = None) -> Any:

@@ -25,3 +25,14 @@ def xxh3(path: Path | str) -> str:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def tree_digests(path: Path | str | None) -> dict:
+    """{file name relative to `path`: xxh3} of a directory's files, {name: xxh3} of a single file, {} when `path`
+    is unset or absent: what a tokenizer is made of (blend.json and checkpoints record it; compose compares)."""
+    if not path:
+        return {}
+    root = Path(path)
+    if root.is_dir():
+        return {str(p.relative_to(root)): xxh3(p) for p in sorted(root.rglob("*")) if p.is_file()}
+    return {root.name: xxh3(root)} if root.is_file() else {}

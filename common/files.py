@@ -6,6 +6,7 @@ final.json: a crash leaves the old file or none, and a `<name>.tmp` beside it.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import threading
@@ -62,6 +63,55 @@ def replace_dir(tmp: Path | str, out: Path | str, ours: str) -> None:
     os.replace(tmp, out)
     fsync_dir(out.parent)
     shutil.rmtree(old)
+
+
+def check_output_dir(out: Path | str, ours: str) -> None:
+    """Refuse `out` before any work when it exists and was not written by this kind of command (no `ours` in a
+    non-empty directory, or a file): `make export OUTPUT=$HOME` must stop before the conversion, not after it."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / ours).exists())):
+        raise FileExistsError(f"{out} exists and was not written by this command (no {ours} in it): refusing to write "
+                              "into it. Fix: choose a new or an empty directory.")
+
+
+def _written_by(marker: Path) -> list[str]:
+    """The files an earlier output recorded in its marker (`"files"`), [] when it recorded none."""
+    try:
+        files = json.loads(marker.read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [f for f in files if isinstance(f, str)] if isinstance(files, list) else []
+
+
+def update_dir(tmp: Path | str, out: Path | str, ours: str) -> None:
+    """Move the finished directory `tmp`'s files into `out`: an absent `out` is `tmp` renamed; an earlier output of
+    ours (checked as `check_output_dir` does) has its files replaced, the files its marker `ours` lists that the
+    new output lacks (an old shard) removed, and every other file (the user's notes, a model card) kept. The
+    marker moves last, so an interrupted update leaves the old marker and a rerun finishes it. Files get the
+    mode the umask gives (safetensors writes 0600, which other users of a shared export could not read)."""
+    tmp, out = Path(tmp), Path(out)
+    mask = os.umask(0)
+    os.umask(mask)
+    new = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+    for name in new:
+        os.chmod(tmp / name, 0o666 & ~mask)
+    if not out.exists():
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+        return
+    try:
+        check_output_dir(out, ours)
+    except FileExistsError:
+        shutil.rmtree(tmp)        # nothing of ours is left behind either
+        raise
+    stale = set(_written_by(out / ours)) - set(new)
+    for name in [n for n in new if n != ours] + [ours]:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / name, out / name)
+    for name in stale:
+        (out / name).unlink(missing_ok=True)
+    fsync_dir(out)
+    shutil.rmtree(tmp)
 
 
 _HELD: Dict[str, threading.Lock] = {}

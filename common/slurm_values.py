@@ -22,6 +22,14 @@ class JobStepConfig:
     command_prefix: List[str] = doc(None, "Words before the Python command of every step (e.g. [apptainer, exec, "
                                           "--nv, image.sif]).", factory=list)
 
+def minutes(limit: str) -> int:
+    """SLURM time ('D-HH:MM:SS', 'HH:MM:SS', 'MM') -> minutes (submitit's unit; seconds round up)."""
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    h, m, s = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
+    return int(days or 0) * 1440 + h * 60 + m + (1 if s else 0)
+
+
 SBATCH_FIELDS = ("partition", "account", "qos", "mem", "time", "constraint")
 
 

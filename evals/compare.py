@@ -1,4 +1,4 @@
-"""`make compare RUNS="runs/a runs/b ..." [OUTPUT=compare.png]`: ablations side by side.
+"""`make compare RUNS="runs/a runs/b ..." [OUTPUT=<file>.png]`: ablations side by side.
 
 Draws training loss against tokens and validation perplexity against tokens, one curve per
 run in each panel (matplotlib PNG), and prints a table of final metrics: steps, tokens, last
@@ -74,16 +74,24 @@ def plot(runs: List[Path], output: Path) -> int:
     return curves
 
 
+def default_output(runs: List[Path]) -> Path:
+    """compare.png in the directory that holds the runs (a sweep's, runs/), not wherever the command was typed
+    (the repository root, under make)."""
+    runs = [r.resolve() for r in runs]
+    return Path(os.path.commonpath(runs) if len(runs) > 1 else runs[0]) / "compare.png"
+
+
 def main() -> int:
     runs = [Path(r) for r in shlex.split(os.environ.get("RUNS", ""))] or [Path(a) for a in sys.argv[1:]]
     if not runs:
-        print('usage: make compare RUNS="runs/a runs/b" [OUTPUT=compare.png]', file=sys.stderr)
+        print('usage: make compare RUNS="runs/a runs/b" [OUTPUT=<file>.png; default: compare.png beside the runs]',
+              file=sys.stderr)
         return 2
     missing = [str(r) for r in runs if not (r / "metrics.jsonl").exists()]
     if missing:
         print(f"no metrics.jsonl in {', '.join(missing)}. Fix: RUNS=<run directories>.", file=sys.stderr)
         return 2
-    output = Path(os.environ.get("OUTPUT") or "compare.png")
+    output = Path(os.environ.get("OUTPUT") or default_output(runs))
     text, _ = table(runs)
     print(text)
     print(f">> {plot(runs, output)} curves -> {output}")

@@ -16,6 +16,7 @@ stages whose settings or inputs changed.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -26,17 +27,19 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from common.cli import command, env_flag, overrides_from_env, recipe_from_env
+from common.cli import command, env_flag, overrides_from_env, required_recipe
 from common.config import ConfigError
 from common.files import write_atomic
 from launch.preprocess import dry_run as preprocess_scripts
 from launch.preprocess import dry_run_local, submit_pipeline, with_cluster
 from launch.slurm import render, submit
+from launch.unattended import slurm_warnings
 from preprocessing.blend import made_by
 from preprocessing.cli import load_config
 from preprocessing.pipeline import run_pipeline
 from preprocessing.stages import config_fingerprint
-from pretrain.config.compose import config_diff, load_recipe, to_yaml
+from pretrain.config.blend_file import check_blend
+from pretrain.config.compose import SAID_ENV, config_diff, load_recipe, to_yaml, warn, warnings_last
 from pretrain.config.epochs import check_epochs
 from pretrain.stability.lifetime import RunDirBusy, check_free
 
@@ -141,7 +144,7 @@ def launch_local(job, run_dir: Path) -> int:
     script.write_text(local_script(job, run_dir))
     script.chmod(0o755)
     print(f">> {script}", flush=True)
-    code = subprocess.call(["bash", str(script)])
+    code = subprocess.call(["bash", str(script)], env={**os.environ, SAID_ENV: "1"})   # said above, once
     if code == 0:
         final = json.loads((run_dir / "final.json").read_text())["final"]
         for rec in final:
@@ -187,21 +190,26 @@ def runs_here(job, dry_run: bool = False) -> bool:
 
 @command
 def main() -> int:
-    recipe = recipe_from_env()
-    job = load_recipe(recipe, overrides_from_env())
-    run_dir = Path(job.run_dir)
+    recipe = required_recipe("pretrain")
     dry_run = env_flag("DRY_RUN")
-    try:
-        local = runs_here(job, dry_run)
-    except RuntimeError as err:
-        print(err, file=sys.stderr)
-        return 2
-    if dry_run:
-        return print_dry_run(job, recipe, run_dir, local)
+    with warnings_last() if dry_run else contextlib.nullcontext():      # a dry run's below its script
+        job = load_recipe(recipe, overrides_from_env())
+        run_dir = Path(job.run_dir)
+        try:
+            local = runs_here(job, dry_run)
+        except RuntimeError as err:
+            print(err, file=sys.stderr)
+            return 2
+        if dry_run:
+            code = print_dry_run(job, recipe, run_dir, local)
+            for line in [] if local else slurm_warnings(job):
+                warn(f"WARNING cluster: {line}")
+            return code
     try:
         check_frozen_inputs(job)
         preprocessing = ensure_data(job, local)
         check_epochs(job, "make pretrain")      # the blend a local launch just wrote (SLURM: the job's compose)
+        check_blend(job, "make pretrain")       # ... tokenized with data.tokenizer (compose saw no blend yet)
     except (ConfigError, FileNotFoundError, RuntimeError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -217,6 +225,8 @@ def main() -> int:
     try:
         if local:
             return launch_local(job, run_dir)
+        for line in slurm_warnings(job):
+            warn(f"WARNING cluster: {line}")
         return launch_slurm(job, run_dir, after=preprocessing[-1] if preprocessing else None)
     except (FileNotFoundError, RuntimeError) as err:
         print(err, file=sys.stderr)

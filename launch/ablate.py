@@ -32,10 +32,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, open_dict
 
-from common.cli import command, overrides_from_env, recipe_from_env
+from common.cli import command, overrides_from_env, required_recipe
 from common.config import ConfigError
 from common.files import write_atomic
 from common.paths import RECIPES_DIR, REPO_ROOT
+from common.slurm_values import minutes
 from pretrain.config.compose import finalize, load_recipe, to_yaml
 from pretrain.observability.report import read_jsonl
 from pretrain.stability.preemption import REQUEUE_EXIT
@@ -44,14 +45,6 @@ from pretrain.stability.preemption import REQUEUE_EXIT
 def hydra_quote(value) -> str:
     """A Hydra override value as a quoted string (no interpolation, grammar characters inert)."""
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${") + "'"
-
-
-def minutes(limit: str) -> int:
-    """SLURM time ('D-HH:MM:SS', 'HH:MM:SS', 'MM') -> minutes for submitit."""
-    days, _, rest = limit.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    h, m, s = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
-    return int(days or 0) * 1440 + h * 60 + m + (1 if s else 0)
 
 
 def launcher_overrides(job, sweep_dir: Path) -> List[str]:
@@ -148,7 +141,7 @@ def summarize(sweep_dir: Path) -> str:
 
 @command
 def main() -> int:
-    recipe = recipe_from_env()
+    recipe = required_recipe("ablate")
     sweep, overrides = overrides_from_env("SWEEP"), overrides_from_env()
     if not sweep:
         print("usage: make ablate RECIPE=<recipe> SWEEP='key=a,b key2=c,d' [OVERRIDES='...']", file=sys.stderr)

@@ -11,6 +11,12 @@ collective, so a node that hangs there still leaves its local findings.
 `collect` (the batch shell, after the step) names every failing host - and every host of the
 allocation that wrote no report - in the job log, appends them to the bad-nodes file that
 later submissions pass to `--exclude`, and exits 1 so the job stops before training.
+
+Only the node's faults blacklist it: nvidia-smi failing or listing too few GPUs, uncorrected ECC
+errors, a GPU that fails its matmul, too little disk, the all-reduce. A fault of the job's software
+(torch that does not import, a CPU-only torch, CUDA torch blind to GPUs the driver lists, or no
+node writing a report at all: the Python did not start anywhere) fails the job with the fix and
+adds no node: every node would fail alike, and blacklisting them all would leave nothing to run on.
 """
 from __future__ import annotations
 
@@ -24,11 +30,49 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 
 def report_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "health" / os.environ.get("SLURM_JOB_ID", "local")
+
+
+def nvidia_smi(devices: int) -> tuple[List[str], Optional[int]]:
+    """(the node's faults as the driver reports them, GPUs it lists or None when nvidia-smi is not there to ask):
+    nvidia-smi failing, fewer GPUs than the job asked for, uncorrected ECC errors. A container without
+    nvidia-smi is no fault of the node: the probe is skipped."""
+    query = ["nvidia-smi", "--query-gpu=index,ecc.errors.uncorrected.volatile.total", "--format=csv,noheader"]
+    try:
+        res = subprocess.run(query, capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        return [], None
+    except subprocess.TimeoutExpired:
+        return ["nvidia-smi did not answer in 120 s"], 0
+    if res.returncode != 0:
+        return [f"nvidia-smi failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()[:200]}"], 0
+    rows = [[x.strip() for x in line.split(",")] for line in res.stdout.splitlines() if line.strip()]
+    problems = [f"{len(rows)} of {devices} GPUs listed by nvidia-smi"] if len(rows) < devices else []
+    problems += [f"GPU {r[0]}: {r[1]} uncorrected ECC errors" for r in rows if len(r) > 1 and r[1].isdigit()
+                 and int(r[1]) > 0]
+    return problems, len(rows)
+
+
+def software_problems(devices: int, gpus: bool, listed: Optional[int]) -> List[str]:
+    """Faults of the job's software, not of the node (the node stays usable; every node of the job would fail
+    alike): torch that does not import, a CPU-only torch, CUDA torch that sees fewer GPUs than the driver lists."""
+    if not gpus:
+        return []
+    try:
+        import torch
+    except Exception as err:        # ImportError, or a library torch needs (OSError): the venv, not the node
+        return [f"{sys.executable} cannot import torch ({type(err).__name__}: {err})"]
+    if torch.version.cuda is None:
+        return [f"torch {torch.__version__} in {sys.executable} is a CPU-only build"]
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if listed is not None and listed >= devices > seen:
+        return [f"torch (CUDA {torch.version.cuda}) sees {seen} GPUs where nvidia-smi lists {listed} (CUDA_VISIBLE_"
+                f"DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}; a driver too old for this CUDA?)"]
+    return []
 
 
 def device_problems(devices: int, gpus: bool) -> List[str]:
@@ -77,20 +121,27 @@ def allreduce_problems(gpus: bool, timeout_s: int = 120) -> List[str]:
 def check(args) -> int:
     host = socket.gethostname().split(".")[0]
     t0 = time.time()
-    problems = device_problems(args.devices, bool(args.gpus)) + disk_problems(Path(args.checkpoint_dir),
-                                                                              args.min_free_gb)
+    gpus = bool(args.gpus)
+    problems, listed = nvidia_smi(args.devices) if gpus else ([], None)
+    software = software_problems(args.devices, gpus, listed)
+    if not software:
+        problems += device_problems(args.devices, gpus)
+    problems += disk_problems(Path(args.checkpoint_dir), args.min_free_gb)
     out = report_dir(args.run_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     def write(stage):
-        body = {"host": host, "ok": not problems, "problems": problems, "stage": stage, "seconds": time.time() - t0}
+        body = {"host": host, "ok": not problems and not software, "problems": problems, "software": software,
+                "stage": stage, "seconds": time.time() - t0}
         (out / f"{host}.json").write_text(json.dumps(body))
 
     write("local")
-    problems += allreduce_problems(bool(args.gpus))
+    if not software:            # the collective needs working software; its failure then is the network's
+        problems += allreduce_problems(gpus)
     write("done")
-    print(f">> health {host}: {'ok' if not problems else '; '.join(problems)}", flush=True)
-    return 0 if not problems else 1
+    found = problems + [f"{p} (software)" for p in software]
+    print(f">> health {host}: {'ok' if not found else '; '.join(found)}", flush=True)
+    return 0 if not found else 1
 
 
 def job_hosts() -> List[str]:
@@ -101,13 +152,34 @@ def job_hosts() -> List[str]:
     return res.stdout.split()
 
 
+SOFTWARE_FIX = ("Fix: the job's Python environment, not the nodes: a CUDA build of torch in the venv the job runs "
+                "(.venv: `make setup` on a machine with CUDA, or cluster.container_image with CUDA torch), on a "
+                "filesystem the compute nodes mount (cluster.setup for modules). No node was added to the bad-nodes "
+                "file.")
+
+
 def collect(args) -> int:
     out = report_dir(args.run_dir)
     reports = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))} if out.exists() else {}
-    failing = {host: r["problems"] for host, r in reports.items() if not r["ok"] or r["stage"] != "done"}
-    for host in job_hosts():
+    hosts = job_hosts()
+    if hosts and not reports:
+        print(f">> health: none of the {len(hosts)} node(s) wrote a report: the check's Python ({sys.executable} "
+              "or the container's) did not start or died on every node, a fault of the job's software (a venv "
+              f"the compute nodes cannot see, a torch that does not import there), not of {len(hosts)} nodes at "
+              f"once; the step's output above says which. {SOFTWARE_FIX} Not training on this allocation.",
+              flush=True)
+        return 1
+    software = {host: r["software"] for host, r in reports.items() if r.get("software")}
+    for host, problems in sorted(software.items()):
+        print(f">> health: software fault on {host}: {'; '.join(problems)}", flush=True)
+    failing = {host: r["problems"] for host, r in reports.items()
+               if r["problems"] or (r["stage"] != "done" and host not in software)}
+    for host in hosts:
         if host not in reports:
             failing[host] = ["wrote no health report (the check did not start or died)"]
+    if software and not failing:
+        print(f">> health: {SOFTWARE_FIX} Not training on this allocation.", flush=True)
+        return 1
     if not failing:
         print(f">> health: all {len(reports)} node(s) passed", flush=True)
         return 0

@@ -109,8 +109,8 @@ def combine(out: Path, parts: List[Tuple[float, Path]]) -> Path:
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2 or not all("=" in a for a in args[1:]):
-        print("usage: python -m preprocessing.blend OUT.json SHARE=SOURCE/blend.json [SHARE=SOURCE/blend.json ...]",
-              file=sys.stderr)
+        print("usage: .venv/bin/python -m preprocessing.blend OUT.json SHARE=SOURCE/blend.json "
+              "[SHARE=SOURCE/blend.json ...]", file=sys.stderr)
         return 2
     try:
         parts = [(float(a.split("=", 1)[0]), Path(a.split("=", 1)[1])) for a in args[1:]]

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 from tqdm import tqdm
 
 from .config import PreprocessConfig
+from .losses import EmptyStage
 from .markers import Marker, fingerprint, print_summary
 from .records import BadInput, Piece, byte_shard, read_jsonl_range
 
@@ -181,10 +182,16 @@ def split_counts(work: Path, n: int) -> Dict[str, int]:
     for k in range(n):
         marker = work / "split" / f".done-split-{k:05d}-of-{n:05d}.json"
         if not marker.is_file():
-            raise FileNotFoundError(f"{marker} missing: split part {k} of {n} has not finished (python -m "
+            raise FileNotFoundError(f"{marker} missing: split part {k} of {n} has not finished (.venv/bin/python -m "
                                     f"preprocessing.pipeline --stage split --shard {k})")
         total.update({s: json.loads(marker.read_text())[s] for s in SPLITS})
+    if not sum(total.values()):
+        raise EmptyStage(f"no document reached the splits ({n} parts under {work / 'split'}): the stages before "
+                         "removed every one (their summaries and WARNING lines above, or their job logs, say which "
+                         "rules). Fix: relax those rules, or check input.paths.")
     empty = [s for s in SPLITS if total[s] == 0]
     if empty:
-        raise RuntimeError(f"split {empty} got no documents from {dict(total)}; raise split.*_fraction")
+        raise EmptyStage(f"split {empty} got no documents of the {sum(total.values()):,} that reached the splits "
+                         f"({dict(total)}): too few documents for the held-out fractions. Fix: raise "
+                         "split.valid_fraction / split.test_fraction, or a larger corpus.")
     return dict(total)

@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from tqdm import tqdm
 
+from common.digest import tree_digests
 from common.registry import Registry
 
 from .blend import write_blend
@@ -45,6 +46,7 @@ from .dedup.run import run_dedup
 from .dedup.run import step_tasks as dedup_step_tasks
 from .fetch import fetch
 from .filters import QualityFilter
+from .losses import check_normalized, check_pass
 from .markers import Marker, fingerprint, print_summary
 from .normalize import ExactDedup, normalize_text
 from .parts import (
@@ -100,8 +102,8 @@ def _jsonl_input(cfg: PreprocessConfig, paths: Path | List[Path]) -> InputConfig
 
 def _needs(path: Path, stage: str) -> Path:
     if not path.exists():
-        raise FileNotFoundError(f"{path} missing: stage {stage!r} has not finished (python -m preprocessing.pipeline "
-                                f"--stage {stage})")
+        raise FileNotFoundError(f"{path} missing: stage {stage!r} has not finished (.venv/bin/python -m "
+                                f"preprocessing.pipeline --stage {stage})")
     return path
 
 
@@ -144,6 +146,7 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     bad.check(inp.max_bad_fraction, f"inputs {inp.paths}")
     summary = {"documents in": bad.good, "exact duplicates": len(removed), "kept": kept}
     print_summary("normalize + exact dedup", summary, dict(bad.counts))
+    check_normalized(bad.good, kept, inp.paths, dict(bad.counts))       # an empty input stops here
     marker.mark({**summary, "bad": bad.as_dict()}, outputs=[out, removed_out])
     return out
 
@@ -268,6 +271,9 @@ def register_pass(name: str, make: Callable[[PreprocessConfig], DocumentPass],
                      for k in (range(n) if shard is None else [shard])]
         total = add_summaries(summaries)
         print_pass_summary(title if shard is None else f"{title}: part {shard + 1} of {n}", total)
+        # every part here: an empty result stops; one array task's part may be empty, so it only warns
+        check_pass(name if shard is None else f"{name}, part {shard + 1} of {n}", total, list(cfg.input.paths),
+                   refuse=shard is None)
         return total
     PASSES.add(name)
     register_stage(name, shards=part_count, enabled=enabled)(run)
@@ -337,7 +343,8 @@ def merge(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
         else None
     blend = write_blend(out / "blend.json", {s: [(1.0, _dataset_name(cfg, s))] for s in SPLITS},
                         tokenizer={"type": cfg.tokenizer.type, "path": cfg.tokenizer.path,
-                                   "vocab_size": tok.vocab_size, "eod": tok.eod},
+                                   "vocab_size": tok.vocab_size, "eod": tok.eod,
+                                   "files": tree_digests(cfg.tokenizer.path)},     # compose compares them
                         made_by={"config": cfg.name, "fingerprint": config_fingerprint(cfg)}, sentences=sentences)
     print_summary(f"{cfg.name}: tokens per split -> {blend}",
                   {f"{s} documents / tokens": f"{c['documents']:,} / {c['tokens']:,}" for s, c in counts.items()})

@@ -17,7 +17,7 @@ from common.cli import command
 from common.files import write_atomic
 from common.paths import RECIPES_DIR
 
-from .config.compose import finalize, from_yaml, to_yaml
+from .config.compose import check_cli_overrides, finalize, from_yaml, to_yaml
 from .config.schema import JobConfig
 from .dist import release_subgroups
 from .engines.registry import create_engine
@@ -90,6 +90,7 @@ def hydra_main(cfg: DictConfig) -> None:
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--config":
         sys.exit(command(lambda: run(from_yaml(sys.argv[2])))())
+    check_cli_overrides(sys.argv[1:])          # misspelt or `+`-added keys, as every make target refuses them
     if not any(arg.startswith(("hydra.run.dir", "hydra.sweep.dir")) for arg in sys.argv):
         # Hydra's own logs go into the run directory instead of ./outputs/<date>/<time>.
         sys.argv += ["hydra.run.dir=${run_dir}", "hydra.sweep.dir=${run_dir}/multirun"]

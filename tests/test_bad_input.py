@@ -81,9 +81,9 @@ def test_pipeline_stage_cli_reports_bad_lines(tmp_path):
 
 
 def test_outputs_never_replace_a_directory_they_did_not_write(tmp_path):
-    """`make export OUTPUT=...` and the tokenizer trainer swap their finished directory in with
-    common/files.replace_dir: a non-empty directory without their marker file (OUTPUT=$HOME, say) is refused
-    and left as it was; an empty one, or an earlier output of theirs, is replaced."""
+    """The tokenizer trainer swaps its finished directory in with common/files.replace_dir: a non-empty directory
+    without its marker file (tokenizer.path=$HOME, say) is refused and left as it was; an empty one, or an earlier
+    output of its own, is replaced."""
     from common.files import replace_dir
 
     def finished(name):
@@ -106,6 +106,41 @@ def test_outputs_never_replace_a_directory_they_did_not_write(tmp_path):
     empty.mkdir()
     replace_dir(finished("d.tmp"), empty, ours="export.json")
     assert (empty / "export.json").exists() and not list(tmp_path.glob("*.tmp")) + list(tmp_path.glob("*.replaced"))
+
+
+def test_export_over_an_earlier_export_keeps_the_other_files_and_refuses_before_converting(tmp_path):
+    """Issue 50: `make export` over an earlier export deleted every other file of the directory (exit 0), refused a
+    directory it did not write only after the whole conversion, and wrote the weights 0600."""
+    import json
+    import os
+
+    from common.files import update_dir
+    from pretrain.hf.convert import export
+
+    def finished(name, files):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        for f in files:
+            (tmp / f).write_text(name)
+            os.chmod(tmp / f, 0o600)                  # as safetensors writes them
+        (tmp / "export.json").write_text(json.dumps({"files": sorted(files) + ["export.json"]}))
+        return tmp
+    out = tmp_path / "hf"
+    update_dir(finished("a.tmp", ["model-1.safetensors", "model-2.safetensors", "config.json"]), out, "export.json")
+    (out / "README.md").write_text("my notes")
+    update_dir(finished("b.tmp", ["model.safetensors", "config.json"]), out, "export.json")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "export.json", "model.safetensors"]
+    assert (out / "README.md").read_text() == "my notes" and (out / "config.json").read_text() == "b.tmp"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert oct(os.stat(out / "model.safetensors").st_mode & 0o777) == oct(0o666 & ~umask)
+    assert not list(tmp_path.glob("*.tmp"))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("years of work")
+    with pytest.raises(FileExistsError, match="no export.json in it"):       # not "no checkpoint": nothing was read
+        export(tmp_path / "no-such-checkpoint", home)
+    assert [p.name for p in home.iterdir()] == ["thesis.tex"]
 
 
 def test_a_missing_run_is_called_missing_with_a_fix_the_command_takes(tmp_path):

@@ -128,7 +128,7 @@ def test_sources_combine_into_one_blend_and_its_epochs(tmp_path):
     mix = combine(tmp_path / "mix" / "blend.json", [(0.7, tmp_path / "web/blend.json"),
                                                     (0.3, tmp_path / "books/blend.json")])
     assert read_blend(mix)["valid"][1] == [0.7, 0.3]
-    cfg = tiny(mix, "schedule.train_iters=10", "data.tokenizer.type=gpt2")        # 40,960 tokens
+    cfg = tiny(mix, "schedule.train_iters=10", "data.tokenizer.type=gpt2", "model.vocab_size=50257")   # 40,960 tokens
     assert [(s.name, s.tokens, s.epochs) for s in data_epochs(cfg)[0]] == [
         ("../web/train_text_document", 30000, 0.7 * 40960 / 30000), ("../books/train_text_document", 10000,
                                                                       0.3 * 40960 / 10000)]

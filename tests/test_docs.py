@@ -65,7 +65,7 @@ def test_make_command_composes(page, command):
         load_config(name, overrides)
 
 
-PYTHON = commands("python -m ")
+PYTHON = commands("python -m ") + commands(".venv/bin/python -m ")
 
 
 @pytest.mark.parametrize("page,command", PYTHON, ids=[f"{p}:{c[:60]}" for p, c in PYTHON])

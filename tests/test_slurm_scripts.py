@@ -89,6 +89,79 @@ def test_the_cluster_profile_reaches_every_job_and_step(tmp_path):
     assert "--ntasks-per-node=1 --cpus-per-task=128 python -m torch.distributed.run" in torchrun
 
 
+def health_section(tmp_path, smi):
+    """The rendered gpt-7b job's health pre-flight run on this machine as a one-node job: `srun` runs its command
+    here, `scontrol` names this host, `nvidia-smi` is the script `smi` (None: absent), torch is the venv's CPU
+    build. Returns (exit status, output, the bad-nodes file)."""
+    import socket
+
+    from launch.slurm import render
+    from pretrain.config.compose import load_recipe
+    job = load_recipe("gpt-7b", [f"run_dir={tmp_path / 'run'}", f"cluster.bad_nodes_file={tmp_path / 'bad.txt'}",
+                                 "cluster.health_min_free_gb=0.001"])
+    script = render(job, tmp_path / "run")
+    start = script.index("# Pre-flight")
+    section = script[start:script.index("\n", script.index("launch.health collect", start))]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    fakes = {"srun": 'while [[ "$1" == --* ]]; do shift; done; exec "$@"',
+             "scontrol": f"echo {socket.gethostname().split('.')[0]}"} | ({"nvidia-smi": smi} if smi else {})
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="1",
+               SLURM_JOB_NODELIST="n1", SLURM_NTASKS="1", SLURM_PROCID="0")
+    res = subprocess.run(["bash", "-c", f"set -uo pipefail\nRUN_DIR={tmp_path / 'run'}\ncd {REPO}\n{section}"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    return res.returncode, res.stdout + res.stderr, tmp_path / "bad.txt"
+
+
+HEALTHY_SMI = "for i in 0 1 2 3 4 5 6 7; do echo \"$i, 0\"; done"
+
+
+def test_a_cpu_only_torch_fails_the_job_without_blacklisting_the_node(tmp_path):
+    """Issue 50: a CPU-only torch in the venv (or one the nodes cannot import) put every host in bad_nodes.txt.
+    A software fault stops the job with the fix and leaves the bad-nodes file alone."""
+    code, out, bad = health_section(tmp_path, HEALTHY_SMI)
+    assert code == 1 and "is a CPU-only build" in out and "software fault on" in out, out
+    assert "No node was added to the bad-nodes file" in out and not bad.exists()
+
+
+@pytest.mark.parametrize("smi, finding", [
+    ("echo 'Unable to determine the device handle for GPU0000:1B:00.0' >&2; exit 9",
+     "nvidia-smi failed (exit 9): Unable to determine the device handle"),
+    (HEALTHY_SMI.replace("$i, 0", "$i, $((i == 3 ? 2 : 0))"), "GPU 3: 2 uncorrected ECC errors"),
+    ("for i in 0 1 2 3 4 5; do echo \"$i, 0\"; done", "6 of 8 GPUs listed by nvidia-smi")])
+def test_a_failing_driver_or_ecc_errors_blacklist_the_node(tmp_path, monkeypatch, capsys, smi, finding):
+    """The node's own faults (as nvidia-smi reports them) still go to the bad-nodes file, next to a software fault."""
+    import argparse
+    import socket
+
+    from launch import health
+    (tmp_path / "nvidia-smi").write_text(f"#!/bin/bash\n{smi}\n")
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    host = socket.gethostname().split(".")[0]
+    monkeypatch.setattr(health, "job_hosts", lambda: [host])
+    args = argparse.Namespace(run_dir=str(tmp_path), devices=8, gpus=1, min_free_gb=0.001,
+                              checkpoint_dir=str(tmp_path), bad_nodes_file=str(tmp_path / "bad.txt"))
+    assert health.check(args) == 1 and health.collect(args) == 1
+    assert (tmp_path / "bad.txt").read_text().startswith(f"{host}  # job 7: {finding}"), capsys.readouterr().out
+
+
+def test_no_report_from_any_node_is_the_softwares_fault(tmp_path, monkeypatch, capsys):
+    """Python that does not start on the nodes (a venv they cannot see) writes no report anywhere: not N bad
+    nodes at once."""
+    import argparse
+
+    from launch import health
+    monkeypatch.setattr(health, "job_hosts", lambda: ["n1", "n2"])
+    bad = tmp_path / "bad.txt"
+    assert health.collect(argparse.Namespace(run_dir=str(tmp_path), bad_nodes_file=str(bad))) == 1
+    assert "none of the 2 node(s) wrote a report" in capsys.readouterr().out and not bad.exists()
+
+
 @pytest.mark.slow
 def test_config_errors_stop_before_rendering():
     from common.config import ConfigError

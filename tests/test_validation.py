@@ -69,6 +69,12 @@ CASES = {
     "train_length_exactly_one": (["schedule.train_tokens=1000"], "exactly one of schedule.train_iters and "
                                                                  "schedule.train_tokens"),
     "min_lr_below_lr": (["optim.min_lr=1.0"], "optim.min_lr=1.0 is above optim.lr"),
+    "lr_positive": (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
+    "min_lr_not_negative": (["optim.min_lr=-1e-4"], "optim.min_lr=-0.0001 must be >= 0"),
+    "weight_decay_not_negative": (["optim.weight_decay=-1"], "optim.weight_decay=-1.0 must be >= 0"),
+    "beta_below_one": (["optim.adam_beta2=1.0"], "optim.adam_beta2=1.0 is a decay rate and must be in [0, 1)"),
+    "eps_positive": (["optim.adam_eps=0"], "optim.adam_eps=0.0 must be > 0"),
+    "clip_grad_not_negative": (["optim.clip_grad=-1"], "optim.clip_grad=-1.0 must be >= 0"),
     "wsd_needs_decay": (["schedule=wsd"], "needs schedule.lr_wsd_decay>0"),
     "warmup_within_decay": (["schedule.lr_decay=10"], "schedule.lr_warmup=20 exceeds schedule.lr_decay=10"),
     "recompute_layers_within_stage": (["parallel.recompute_granularity=full", "parallel.recompute_num_layers=9"],
@@ -106,6 +112,17 @@ def test_all_problems_are_reported_together():
     with pytest.raises(ConfigError) as err:
         load_recipe("gpt-tiny", ["optim.min_lr=1.0", "parallel.sequence_parallel=true"])
     assert len(err.value.problems) == 2
+
+
+def test_a_negative_lr_is_blamed_on_lr_not_on_min_lr():
+    """Issue 50: `optim.lr=-1e-3` alone was refused as "min_lr above lr"; with min_lr negative too it passed."""
+    with pytest.raises(ConfigError) as err:
+        load_recipe("gpt-tiny", ["optim.lr=-1e-3"])
+    assert [p for p in err.value.problems if p.startswith("optim.")] == [
+        "optim.lr=-0.001 must be > 0 (the peak learning rate). Fix: a positive value, e.g. optim.lr=3e-4."]
+    with pytest.raises(ConfigError) as err:
+        load_recipe("gpt-tiny", ["optim.lr=-1e-3", "optim.min_lr=-2e-3"])
+    assert sorted(p.split("=")[0] for p in err.value.problems) == ["optim.lr", "optim.min_lr"]
 
 
 def test_uneven_pipeline_split_is_accepted():

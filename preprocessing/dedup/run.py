@@ -109,7 +109,7 @@ class _Dedup:
         done = self.finished(step, i, announce=False)     # an input of this step, not a step being skipped
         if done is None:
             raise FileNotFoundError(f"dedup step {step!r} task {i} has not finished in {self.out}: run "
-                                    f"`python -m preprocessing.dedup ... --step {step}` first")
+                                    f"`.venv/bin/python -m preprocessing.dedup ... --step {step}` first")
         return done
 
     def run_task(self, step: str, i: int) -> dict:

@@ -18,6 +18,11 @@ from .store import damage, resolve
 
 
 def describe(ckpt_path: str, recipe: str | None, overrides: list[str]) -> str:
+    return inspect(ckpt_path, recipe, overrides)[0]
+
+
+def inspect(ckpt_path: str, recipe: str | None, overrides: list[str]) -> tuple[str, str | None]:
+    """(the description, what is damaged or None)."""
     ck = resolve(ckpt_path)
     m, e = ck.meta, ck.meta["engine_state"]
     lay = e["layout"]
@@ -54,7 +59,7 @@ def describe(ckpt_path: str, recipe: str | None, overrides: list[str]) -> str:
             lines += [f"  {key}: {old!r} -> {new!r}" for key, old, new in diff]
         else:
             lines.append(f"config      identical to {label}")
-    return "\n".join(lines)
+    return "\n".join(lines), problem
 
 
 @command(also=(FileNotFoundError, ValueError))
@@ -63,7 +68,12 @@ def main() -> int:
     if not ckpt:
         print("usage: make ckpt-info CKPT=<checkpoint dir | step dir> [RECIPE=... OVERRIDES=...]", file=sys.stderr)
         return 2
-    print(describe(ckpt, recipe_from_env(default=None), overrides_from_env()))
+    text, problem = inspect(ckpt, recipe_from_env(default=None), overrides_from_env())
+    print(text)
+    if problem:          # a script (or a user's `&&`) must not take a damaged checkpoint for a usable one
+        print(f"{ckpt}: DAMAGED ({problem}). Fix: CKPT=<the checkpoint root> picks the newest intact step.",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -78,8 +78,14 @@ def read_meta(step_dir: Path) -> dict:
         raise FileNotFoundError(f"{step_dir} is not a checkpoint: it has no meta.json. Point checkpoint.load (or "
                                 "CKPT=) "
                                 "at a checkpoint directory (with `latest`) or at one of its step_* directories.")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT:
+    try:
+        meta = json.loads(meta_path.read_text())
+    except ValueError as err:       # cut off while written (a full disk), or damaged since
+        raise ValueError(f"{meta_path} is not readable JSON ({err}): the checkpoint's record is damaged. Fix: use "
+                         "another step (the checkpoint root picks the newest intact one), or remove this step "
+                         "directory.") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        meta = meta if isinstance(meta, dict) else {}
         raise ValueError(f"{meta_path}: format {meta.get('format')!r} is not {FORMAT!r}")
     return meta
 

@@ -10,7 +10,7 @@ import sys
 
 from common.cli import add_recipe_args, command, recipe_and_overrides
 
-from .compose import load_recipe, to_yaml
+from .compose import load_recipe, to_yaml, warnings_last
 from .epochs import epoch_lines
 from .schema import JobConfig
 
@@ -38,10 +38,11 @@ def main(argv=None) -> int:
         print("\n".join(describe()))
         return 0
     recipe, overrides = recipe_and_overrides(args)
-    job = load_recipe(recipe, overrides)
-    print(to_yaml(job), end="")
-    # YAML comments, so the output still loads as the config
-    print("\n".join(f"# data epochs: {line}" for line in epoch_lines(job)))
+    with warnings_last():                       # below the YAML, where they are read
+        job = load_recipe(recipe, overrides)
+        print(to_yaml(job), end="")
+        # YAML comments, so the output still loads as the config
+        print("\n".join(f"# data epochs: {line}" for line in epoch_lines(job)), flush=True)
     return 0
 
 

@@ -7,12 +7,13 @@ Two ways in, one way through `finalize`:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
@@ -59,13 +60,26 @@ def compose_recipe(recipe: str, overrides: Iterable[str] = ()) -> DictConfig:
         raise ConfigError([f"no recipe {recipe!r} in {RECIPES_DIR}. Available: {', '.join(available_recipes())}"],
                           source="RECIPE")
     overrides = list(overrides)
-    unknown = key_problems(overrides, groups=[p.name for p in (REPO_ROOT / "conf").iterdir() if p.is_dir()])
+    unknown = key_problems(overrides, groups=_groups())
     if unknown:
         raise _renamed(ConfigError(unknown, source=f"recipes/{recipe}.yaml"))
     try:
         return compose_dir(RECIPES_DIR, recipe, overrides, source=f"recipes/{recipe}.yaml")
     except ConfigError as err:
         raise _typed(_renamed(err)) from None
+
+
+def _groups() -> list[str]:
+    return [p.name for p in (REPO_ROOT / "conf").iterdir() if p.is_dir()]
+
+
+def check_cli_overrides(argv: list[str]) -> None:
+    """The override-key check of every make target, for `python -m pretrain.train -cn <recipe> key=value ...`
+    (Hydra's own entry point, which would take `+optim.lrr=1e-4` and drop the key): problems printed, exit 2."""
+    unknown = key_problems([a for a in argv if "=" in a and not a.startswith("-")], groups=_groups())
+    if unknown:
+        print(_renamed(ConfigError(unknown, source="python -m pretrain.train")), file=sys.stderr)
+        sys.exit(2)
 
 
 def _typed(err: ConfigError) -> ConfigError:
@@ -150,10 +164,39 @@ def check_teacher(job: JobConfig) -> None:
         raise ConfigError(problems)
 
 
-def _warn(text: str) -> None:
-    """From one process (the launcher's compose and rank 0, not every rank)."""
-    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":     # torchrun's, or srun's before init
+# Set by the local launcher for the trainer it starts: the launcher said the compose warnings already, and the
+# trainer's rank 0 composing the same config.yaml again would repeat each one.
+SAID_ENV = "PRETRAIN_COMPOSE_WARNINGS_SAID"
+_deferred: Optional[list[str]] = None
+
+
+def warn(text: str) -> None:
+    """A warning from one process (the launcher's compose and rank 0, not every rank), once; inside
+    `warnings_last` it waits for the end of the command's output."""
+    if os.environ.get(SAID_ENV) or os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) != "0":
+        return                                              # torchrun's RANK, or srun's before init
+    if _deferred is None:
         print(text, file=sys.stderr)
+    elif text not in _deferred:
+        _deferred.append(text)
+
+
+_warn = warn
+
+
+@contextlib.contextmanager
+def warnings_last() -> Iterator[None]:
+    """Hold the warnings until the block ends, then print each once: `make config` and DRY_RUN=1 print hundreds of
+    lines of YAML, and a warning above them scrolls away unread."""
+    global _deferred
+    outer, _deferred = _deferred, []
+    try:
+        yield
+    finally:
+        held, _deferred = _deferred, outer
+        for text in held:
+            warn(text)
+        sys.stderr.flush()
 
 
 def warn_whole_run_warmup(job: JobConfig, source: str) -> None:

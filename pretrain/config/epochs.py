@@ -15,7 +15,6 @@ a plan.
 """
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Optional
 from common.config import ConfigError
 from common.text import human
 
+from .blend_file import blend_body
 from .schema import JobConfig
 
 WARN_EPOCHS = 4.0
@@ -93,7 +93,10 @@ def data_epochs(cfg: JobConfig) -> tuple[list[SourceEpochs], Optional[str]]:
     if not blend.is_file():
         return [], f"data.blend={d.blend} does not exist yet"
     try:
-        items = json.loads(blend.read_text())["splits"]["train"]
+        body = blend_body(d.blend)
+        if body is None:
+            raise ValueError("not a JSON object")
+        items = body["splits"]["train"]
         prefixes = [Path(it["prefix"]) for it in items]
         weights = [float(it["weight"]) for it in items]
     except (ValueError, KeyError, TypeError) as err:

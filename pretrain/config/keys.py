@@ -66,7 +66,7 @@ def key_problems(overrides: Iterable[str], groups: Iterable[str] = ()) -> list[s
             close = difflib.get_close_matches(key, known, n=3, cutoff=0.75)
             hint = f" Did you mean {' or '.join(close)}?" if close else ""
             problems.append(f"{item}: {key} is not a field of the config.{hint} Fix: correct the key "
-                            "(`python -m pretrain.config --describe` lists every field).")
+                            "(`.venv/bin/python -m pretrain.config --describe` lists every field).")
     return problems
 
 

@@ -5,9 +5,9 @@ checked too. Read with the standard library (blend.json and the .idx headers, as
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .blend_file import blend_body
 from .epochs import index_documents
 from .schema import JobConfig
 
@@ -18,7 +18,9 @@ def sentence_data_problems(cfg: JobConfig, add) -> None:
     if cfg.objective.causal or not cfg.data.blend or not Path(cfg.data.blend).is_file():
         return
     blend = Path(cfg.data.blend)
-    spec = json.loads(blend.read_text())
+    spec = blend_body(cfg.data.blend)
+    if spec is None:
+        return                          # not JSON: the loader names the file
     counts = spec.get("sentences")
     fix = ("Fix: preprocess with tokenize.split_sentences=true (preprocessing/conf/demo-sentences.yaml; "
            "docs/objectives.md), or data=demo-sentences.")

@@ -13,6 +13,7 @@ from ..engines.registry import ENGINES
 from ..optim.registry import OPTIMIZERS
 from ..schedules import LR_SCHEDULES, WSD_SHAPES
 from .attention import attention_problems
+from .blend_file import blend_problems
 from .data import document_mask_problems, fim_problems
 from .derive import batch_ramp, pipeline_stage_layers
 from .fsdp2 import fsdp2_problems
@@ -21,6 +22,7 @@ from .moe import moe_problems
 from .mtp import mtp_problems
 from .objective import ARCH_OBJECTIVE, OBJECTIVES, objective_problems
 from .observability import downstream_problems, straggler_problems, tracker_problems
+from .optimizer import optim_problems
 from .peft import peft_problems
 from .precision import precision_problems
 from .schema import DTYPES, DeepSpeedConfig, JobConfig
@@ -203,6 +205,7 @@ def validate(cfg: JobConfig) -> None:
     tracker_problems(cfg, add)
     straggler_problems(cfg, add)
     fim_problems(cfg, add)
+    blend_problems(cfg, add)        # data.blend is a blend, tokenized with data.tokenizer (blend.json's record)
     document_mask_problems(cfg, add)
     attention_problems(cfg, add)
     mla_problems(cfg, add)
@@ -231,8 +234,7 @@ def validate(cfg: JobConfig) -> None:
         add(f"optim.name={o.name} with parallel.use_distributed_optimizer=true: megatron-core's distributed-optimizer "
             "checkpoints hold Adam's state only, so this run could not be resumed. Fix: optim=adamw, or a parallel "
             "option without the distributed optimizer.")
-    if o.min_lr > o.lr:
-        add(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}.")
+    optim_problems(cfg, add)        # optim.lr, min_lr, weight_decay, betas, eps, clip_grad
     if (s.train_iters is None) == (s.train_tokens is None):
         add("exactly one of schedule.train_iters and schedule.train_tokens must be set "
             f"(are {s.train_iters}, {s.train_tokens}).")

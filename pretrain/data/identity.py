@@ -26,7 +26,7 @@ import struct
 from dataclasses import asdict
 from pathlib import Path
 
-from common.digest import xxh3
+from common.digest import tree_digests, xxh3
 from preprocessing.blend import read_blend
 from preprocessing.indexed_io import DTYPE_CODES, HEADER
 
@@ -46,14 +46,6 @@ def _index_counts(prefix: str) -> tuple[int, int]:
     return max(0, document_entries - 1), itemsize
 
 
-def _tokenizer_files(path: str | None) -> dict:
-    if not path:
-        return {}
-    root = Path(path)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root] if root.exists() else []
-    return {str(p.relative_to(root) if root.is_dir() else p.name): xxh3(p) for p in files}
-
-
 def data_identity(cfg: JobConfig) -> dict:
     if cfg.data.mock:
         return {"mock": True}
@@ -71,7 +63,7 @@ def data_identity(cfg: JobConfig) -> dict:
             size = Path(f"{prefix}.bin").stat().st_size
             sources[name_of(prefix)] = {"documents": documents, "tokens": size // itemsize, "bin_bytes": size,
                                         "idx_xxh3": xxh3(Path(f"{prefix}.idx"))}
-    return {"sources": sources, "tokenizer": _tokenizer_files(cfg.data.tokenizer.path),
+    return {"sources": sources, "tokenizer": tree_digests(cfg.data.tokenizer.path),
             "order": order_identity(cfg, splits, name_of, sources)}
 
 

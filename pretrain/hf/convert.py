@@ -25,8 +25,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from common.cli import command, overrides_from_env, recipe_from_env
-from common.files import replace_dir
+from common.cli import command, overrides_from_env, required_recipe
+from common.files import check_output_dir, update_dir
 
 from ..checkpoint.meta import LoopState, checkpoint_meta
 from ..checkpoint.store import Checkpoint, CheckpointStore, resolve
@@ -134,6 +134,7 @@ def architecture(cfg: JobConfig) -> str:
 
 
 def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = None) -> Path:
+    check_output_dir(output, ours="export.json")          # before the conversion: OUTPUT=$HOME stops here
     ck = resolve(ckpt)
     cfg = config_of(ck)
     if tokenizer_path:
@@ -159,13 +160,14 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
     model.save_pretrained(str(tmp))
     tok.save(tmp, max_length=cfg.derived.max_position_embeddings)
     beside = [p.name for p in peft.side_files(whole, tmp)] if peft is not None else []
+    files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()) + ["export.json"]
     (tmp / "export.json").write_text(json.dumps({
         "checkpoint": str(ck.path), "step": ck.meta["step"], "recipe": ck.meta["recipe"],
         "engine": ck.meta["engine_state"]["engine"], "layout": ck.meta["engine_state"]["layout"],
         "vocab_size": tok.vocab_size, "versions": ck.meta.get("versions", {}),
         "peft": {"method": cfg.peft.method, "base": ck.meta["engine_state"].get("peft_base"), "beside": beside}
-        if peft is not None else None, "mtp": mtp_note}, indent=1))
-    replace_dir(tmp, output, ours="export.json")
+        if peft is not None else None, "mtp": mtp_note, "files": files}, indent=1))
+    update_dir(tmp, output, ours="export.json")      # the directory's other files stay; the last export's go
     return output
 
 
@@ -224,7 +226,7 @@ def main() -> int:
         if not env.get("INPUT") or not env.get("OUTPUT"):
             print("usage: make import-hf INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<checkpoint dir>", file=sys.stderr)
             return 2
-        cfg = load_recipe(recipe_from_env(), overrides_from_env())
+        cfg = load_recipe(required_recipe("import-hf"), overrides_from_env())
         out = import_hf(env["INPUT"], cfg, env["OUTPUT"])
         print(f">> imported {env['INPUT']} -> {out}; start from it with checkpoint.load={env['OUTPUT']} "
               "checkpoint.load_weights_only=true")
