@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from threadpoolctl import threadpool_limits
 
+from common.files import exclusive
 from preprocessing.evalsets import DEFAULT_BIGBENCH
 from tests import training
 from tests.rank_pool import close_session_pool
@@ -62,13 +63,16 @@ def build_demo_data() -> Path:
         if "error" in DEMO:
             raise AssertionError(DEMO["error"])
         if "path" not in DEMO:
-            for target in (["make", "-s", "data"], ["make", "-s", "preprocess", "RECIPE=gpt-tiny"],
-                           ["make", "-s", "preprocess", "PREPROCESS=demo-sentences"]):   # BERT's and T5's
-                res = subprocess.run(target, cwd=REPO, capture_output=True, text=True)
-                if res.returncode != 0:
-                    DEMO["error"] = (f"{' '.join(target)}: exit {res.returncode}\n"
-                                     f"{res.stdout[-3000:]}{res.stderr[-3000:]}")
-                    raise AssertionError(DEMO["error"])
+            (REPO / "data").mkdir(exist_ok=True)
+            # one builder at a time also across processes (make test-fast's two pytest-xdist workers)
+            with exclusive(REPO / "data" / ".demo-build.lock"):
+                for target in (["make", "-s", "data"], ["make", "-s", "preprocess", "RECIPE=gpt-tiny"],
+                               ["make", "-s", "preprocess", "PREPROCESS=demo-sentences"]):   # BERT's and T5's
+                    res = subprocess.run(target, cwd=REPO, capture_output=True, text=True)
+                    if res.returncode != 0:
+                        DEMO["error"] = (f"{' '.join(target)}: exit {res.returncode}\n"
+                                         f"{res.stdout[-3000:]}{res.stderr[-3000:]}")
+                        raise AssertionError(DEMO["error"])
             DEMO["path"] = REPO / "data/demo/bpe4k"
         return DEMO["path"]
 
