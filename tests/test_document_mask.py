@@ -114,7 +114,8 @@ def test_thd_boundaries_come_from_the_reset_positions():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["cluster.gpu_type=H100-SXM", "model.transformer_impl=local"], "Fix: model.transformer_impl=transformer_engine"),
+    (["cluster.gpu_type=H100-SXM", "model.transformer_impl=local", "model.attention_backend=local"],
+     "Fix: model.attention_backend=auto"),
     (["cluster.gpu_type=H100-SXM", "model.attention_backend=unfused"], "Fix: model.attention_backend=auto"),
     (["cluster.gpu_type=H100-SXM", "model.transformer_impl=transformer_engine", "parallel.context_parallel_size=2"],
      "data.document_mask=true with parallel.context_parallel_size=2"),
@@ -125,6 +126,9 @@ def test_document_mask_rules_fire_at_compose_time(overrides, message):
         load_recipe("gpt-tiny", ["data.document_mask=true"] + overrides)
     assert message in str(err.value)
     assert load_recipe("gpt-tiny", ["data.document_mask=true"]).data.document_mask      # CPU, local attention: fine
+    # GPUs without TE: the packed (thd) form in torch's attention (pretrain/model/attention.py)
+    assert load_recipe("gpt-tiny", ["data.document_mask=true", "cluster.gpu_type=H100-SXM",
+                                    "model.transformer_impl=local"]).data.document_mask
 
 
 def test_long_context_recipes_validate():

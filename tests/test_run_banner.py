@@ -8,7 +8,7 @@ import pytest
 
 from tests.training import LAYOUTS, STEPS
 
-ROWS = ("engine", "layout", "parameters", "precision", "fusions", "batch", "length", "data", "run dir")
+ROWS = ("engine", "layout", "parameters", "precision", "fusions", "attention", "batch", "length", "data", "run dir")
 
 
 def banners(log: str) -> list[dict]:
@@ -38,6 +38,8 @@ def test_megatron_layout_runs_describe_their_layout(layout_runs):
                                                               "warmup 5 steps")       # 12 x 16 x 128 tokens
     assert by_dir["tp2"]["length"].endswith("optimizer adamw (AdamW)")        # the kernel under the wrappers
     assert by_dir["tp2"]["fusions"] == "none (CPU)"
+    assert by_dir["tp2"]["attention"] == ("torch causal: SDPA flash [TorchDotProductAttention (pretrain/model/"
+                                          "attention.py), local spec, model.attention_backend=auto]")
 
 
 @pytest.mark.slow

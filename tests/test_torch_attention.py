@@ -162,3 +162,47 @@ def test_flex_mask_functions_equal_the_unfused_attention(tp1, monkeypatch):
         want = ref(*tensors, block_causal(lengths, b=1))
         got = new(*[t.squeeze(1) for t in tensors], None, packed_seq_params=packed)
     assert (want.reshape(got.shape) - got).abs().max() < 1e-5
+
+
+def test_the_record_names_the_module_and_kernel_that_run(monkeypatch):
+    from pretrain.config.compose import load_recipe
+    from pretrain.model.attention_record import attention_record
+    record = attention_record(load_recipe("gpt-tiny"))
+    assert record == {"attention_backend": "auto", "layer_spec": "local",
+                      "core_attention": "TorchDotProductAttention (pretrain/model/attention.py)",
+                      "kernel": "torch causal: SDPA flash"}            # torch's CPU flash kernel
+    assert attention_record(load_recipe("llama-tiny-swa"))["kernel"].endswith(
+        "windowed layers: SDPA flash with the window mask")
+    assert attention_record(load_recipe("gpt-tiny", ["model.attention_dropout=0.1"]))["kernel"] == \
+        "torch causal: SDPA math"                                     # no CPU flash kernel with dropout: said so
+    unfused = attention_record(load_recipe("gpt-tiny", ["model.attention_backend=unfused"]))
+    assert unfused["core_attention"] == "megatron-core DotProductAttention" and unfused["kernel"].startswith("unfused")
+    big = attention_record(load_recipe("llama-8b"))           # a GPU recipe composed here (no TE, no CUDA)
+    assert big["layer_spec"] == "local" and big["core_attention"].startswith("TorchDotProductAttention")
+
+
+def test_transformer_engine_asked_for_and_absent_is_refused_before_the_model_is_built(monkeypatch):
+    from common.config import ConfigError
+    from launch.doctor import _attention_row
+    from pretrain.config.compose import load_recipe
+    from pretrain.model import attention_record
+    from pretrain.model.gpt import layer_spec
+    monkeypatch.setattr(attention_record, "has_transformer_engine", lambda: False)
+    cfg = load_recipe("gpt-tiny", ["model.transformer_impl=transformer_engine"])
+    with pytest.raises(ConfigError, match="the Python package transformer_engine is not importable") as err:
+        layer_spec(cfg, None)
+    assert "Fix: install the GPU extra" in str(err.value)
+    assert _attention_row(cfg)[1] == "refused"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model.transformer_impl=local", "model.attention_backend=flash"], "Fix: model.attention_backend=torch"),
+    (["model.attention_backend=te"], "Transformer Engine's attention is CUDA-only"),
+    (["model.attention_backend=sdpa"], "model.attention_backend='sdpa' is not one of"),
+])
+def test_attention_backend_rules_fire_at_compose_time(overrides, message):
+    from common.config import ConfigError
+    from pretrain.config.compose import load_recipe
+    with pytest.raises(ConfigError, match="model.attention_backend") as err:
+        load_recipe("gpt-tiny", overrides)
+    assert message in str(err.value)

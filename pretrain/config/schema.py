@@ -66,8 +66,9 @@ class ModelConfig:
                                               "0/null off.")
     mtp_loss_weight: float = doc(0.3, "MTP loss weight lambda: trained loss = main + lambda/D * sum of MTP losses "
                                       "(DeepSeek-V3: 0.3, then 0.1).")
-    attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best "
-                                         "available.")
+    attention_backend: str = doc("auto", "Core attention: 'torch' (SDPA/FlexAttention), 'te' (TE's flash/fused; "
+                                         "'flash'/'fused' force one), 'unfused'/'local' (s x s scores); 'auto': te "
+                                         "on TE's spec, else torch. pretrain/model/attention.py.")
     layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every "
                                             "TP/PP layout starts equal.")
     fusions_required: list[str] = doc(None, "Fusion flags this recipe insists on (model/fusions.py names them); "

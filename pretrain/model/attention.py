@@ -32,8 +32,6 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.utils import is_layer_window_attention
 
-SDPA_NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cuDNN", 4: "overrideable"}   # torch's SDPBackend values
-
 
 @functools.cache
 def _compiled_flex():
@@ -164,10 +162,13 @@ def _block_mask(mask_mod, sq: int, sk: int, device, cache_key):
     return block
 
 
-def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, *, mask: bool, causal: bool, dropout: float) -> str:
-    """The SDPA kernel torch's dispatcher picks for these inputs (torch._fused_sdp_choice: what
-    scaled_dot_product_attention itself calls), e.g. 'flash', 'cuDNN', 'efficient', 'math'."""
-    keep = torch.ones(q.size(0), 1, q.size(2), k.size(2), dtype=torch.bool, device=q.device) if mask else None
-    choice = torch._fused_sdp_choice(q, k, k, keep, dropout, causal and not mask, scale=None,
-                                     enable_gqa=q.size(1) != k.size(1))
-    return SDPA_NAMES.get(int(choice), f"SDPBackend {int(choice)}")
+def use_torch_attention(layer_specs) -> None:
+    """In every layer spec (in place; its caller copies a module-level spec first): TorchDotProductAttention for
+    megatron-core's local DotProductAttention or TE's TEDotProductAttention (the same forward arguments). MLA
+    layers keep theirs (model/mla_attention.py)."""
+    for spec in layer_specs:
+        for kind in ("self_attention", "cross_attention"):           # T5's decoder has both
+            attention = getattr(spec.submodules, kind, None)
+            core = getattr(getattr(attention, "submodules", None), "core_attention", None)
+            if core is DotProductAttention or getattr(core, "__name__", "") == "TEDotProductAttention":
+                attention.submodules.core_attention = TorchDotProductAttention
