@@ -89,7 +89,9 @@ def test_flops_per_token_are_torchs_count_and_the_hand_formula(tp1, tmp_path, re
     from pretrain.observability.metrics import Metrics
     cfg = load_recipe(recipe, overrides)
     planned = flops_per_token(cfg, count_params(cfg))
-    assert planned["model"] == 3 * forward_flops(cfg, built(cfg)) / cfg.model.seq_length
+    # counted on the unfused attention, whose every matmul torch's FlopCounterMode sees (the full square)
+    unfused = load_recipe(recipe, [*overrides, "model.attention_backend=unfused"])
+    assert planned["model"] == 3 * forward_flops(unfused, built(unfused)) / cfg.model.seq_length
     assert planned["model"] == pytest.approx(hand_flops_per_token(cfg), rel=1e-12)
     # the loop logs global_batch x seq_length tokens a step at the planner's FLOPs per token
     assert Metrics(cfg, tmp_path, enabled=False).flops_per_token == planned["model"] == \

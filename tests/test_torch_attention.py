@@ -206,3 +206,15 @@ def test_attention_backend_rules_fire_at_compose_time(overrides, message):
     with pytest.raises(ConfigError, match="model.attention_backend") as err:
         load_recipe("gpt-tiny", overrides)
     assert message in str(err.value)
+
+
+def test_the_plan_models_and_names_the_path_that_runs():
+    from pretrain.config.compose import load_recipe
+    from pretrain.plan.__main__ import render
+    from pretrain.plan.estimate import make_plan
+    fused, unfused = (make_plan(load_recipe("llama-8b", o)) for o in ([], ["model.attention_backend=unfused"]))
+    assert fused["attention"].startswith("fused") and unfused["attention"].startswith("unfused")
+    assert "  attention         fused flash-style kernel" in render(fused)
+    # the unfused path keeps the s x s scores and times the full square: more memory, a longer step
+    assert unfused["memory_per_gpu_gib"]["activations"] > fused["memory_per_gpu_gib"]["activations"]
+    assert unfused["mfu"] < fused["mfu"] and unfused["time_to_budget_hours"] > fused["time_to_budget_hours"]

@@ -100,6 +100,15 @@ def materialises_scores(cfg) -> bool:
     return m.attention_backend in UNFUSED or (m.mla.enabled and m.transformer_impl == "local")
 
 
+def assumed_attention(cfg) -> str:
+    """What the planner times and sizes (plan/memory.py, plan/perf.py), in the words `make plan` prints."""
+    if materialises_scores(cfg):
+        return (f"unfused (model.attention_backend={cfg.model.attention_backend}): b x heads x s x s scores kept, "
+                "full-square matmuls")
+    return ("fused flash-style kernel (TE's on its spec, else torch's SDPA/FlexAttention): no s x s scores, causal "
+            "half of the matmuls")
+
+
 def backend_problems(cfg, add) -> None:
     """Compose-time rules for model.attention_backend, each with the fix."""
     m = cfg.model

@@ -39,9 +39,10 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+@functools.lru_cache(maxsize=16)
 def window_keep(sq: int, sk: int, window: int, device) -> torch.Tensor:
     """[sq, sk] True where a query sees a key in a causal window of `window` keys before it (megatron-core's
-    get_sliding_window_causal_mask with (window, 0), negated)."""
+    get_sliding_window_causal_mask with (window, 0), negated). Cached: every windowed layer shares one tensor."""
     i = torch.arange(sq, device=device)[:, None] + (sk - sq)
     j = torch.arange(sk, device=device)[None, :]
     return (j <= i) & (j >= i - window)
@@ -104,7 +105,7 @@ class TorchDotProductAttention(DotProductAttention):
                 def mask_mod(b, h, i, j):
                     return (j <= i + (sk - sq)) & (j >= i + (sk - sq) - window)
                 return self._flex(q, k, v, mask_mod, ("window", sq, sk, window))
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=window_keep(sq, sk, self.window, q.device),
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=window_keep(sq, sk, self.window, str(q.device)),
                                                   dropout_p=dropout, scale=self.softmax_scale, enable_gqa=gqa)
         if attention_mask is None:
             causal = self.attn_mask_type == AttnMaskType.causal and sq > 1    # as unfused: not the argument
@@ -138,7 +139,7 @@ class TorchDotProductAttention(DotProductAttention):
             def mask_mod(b, h, i, j):
                 return (doc[i] == doc[j]) & (j <= i)
             return self._flex(q, k, v, mask_mod, None)
-        keep = (doc[:, None] == doc[None, :]) & window_keep(t, t, t, q.device)
+        keep = (doc[:, None] == doc[None, :]) & torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout, scale=self.softmax_scale,
                                               enable_gqa=self.groups > 1)
 
