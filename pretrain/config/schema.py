@@ -236,7 +236,7 @@ class DataConfig:
                                      "train weights; empty keeps them fixed.", factory=list)
     fim: FimConfig = doc(None, "Fill-in-the-middle transform of the samples (pretrain/data/fim.py).", factory=FimConfig)
     document_mask: bool = doc(False, "Each document in a packed sample attends only to itself, positions restart "
-                                     "after EOD (CPU: s x s mask; GPUs: thd with TE). pretrain/data/packing.py.")
+                                     "after EOD (CPU: s x s mask; GPUs: packed thd). pretrain/data/packing.py.")
     eod_mask_loss: bool = doc(False, "Do not score the target predicted from an EOD token (the next document's "
                                      "first token).")
     max_epochs: float = doc(100.0, "Refuse a run that reads any train source of the blend more often than this "

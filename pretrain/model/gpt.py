@@ -14,7 +14,7 @@ from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 from megatron.core.utils import init_method_normal
 
-from ..config.attention import UNFUSED, window_pattern
+from ..config.attention import window_pattern
 from ..config.mla import mla_config_kwargs
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
@@ -31,10 +31,12 @@ def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> Tran
     m, p, d, pr = cfg.model, cfg.parallel, cfg.derived, cfg.precision
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     dtype = pr.torch_dtype
-    # megatron-core's enum only sets TE's NVTE_* switches; which module runs is model/attention_record.py's call
-    backend = m.attention_backend if m.attention_backend in UNFUSED + ("flash", "fused") else "auto"
-    if not on_gpu or core_attention(cfg, use_transformer_engine(cfg)) == "torch":
-        backend = "local" if backend != "unfused" else backend      # TE's kernels are CUDA-only
+    # megatron-core's enum only sets TE's NVTE_* switches (process-wide, asserted equal on every later build);
+    # which module runs is model/attention_record.py's call. Without TE's attention it is 'local' whatever the
+    # recipe asks, so that runs sharing a process (tests/run_jobs.py) agree.
+    backend = m.attention_backend if m.attention_backend in ("unfused", "flash", "fused") else "auto"
+    if not on_gpu or not use_transformer_engine(cfg) or core_attention(cfg, True) == "torch":
+        backend = "local"
     kwargs = dict(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
