@@ -18,6 +18,7 @@ import sys
 from typing import Optional
 
 from common.cli import command, overrides_from_env, recipe_from_env
+from common.config import ConfigError
 from common.text import markdown_table
 from pretrain.config.compose import load_recipe
 from pretrain.model import fusions
@@ -127,7 +128,6 @@ def recipe_rows(job) -> list[tuple[str, str, str]]:
 
 def _attention_row(job) -> tuple[str, str, str]:
     """The core attention and kernel the job would run here (model/attention_record.py), or its refusal."""
-    from common.config import ConfigError
     from pretrain.model.attention_record import attention_record, require_transformer_engine
     try:
         require_transformer_engine(job)

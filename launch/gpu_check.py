@@ -237,7 +237,7 @@ STEPS = [
     Step("speed", "gpt-125m and llama-1b bf16 at seq 2048 and 8192: torch's attention vs megatron-core's unfused "
                   "(and TE's where installed): tokens/s, MFU, peak memory, step time vs make plan "
                   "(launch/gpu_speed.py)",
-         "cuda", lambda: gpu_speed.step_speed()),
+         "cuda", lambda: gpu_speed.step_speed(Row, train, predicted)),
 ]
 
 

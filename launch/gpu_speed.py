@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Callable
+
+from pretrain.config.compose import load_recipe
+from pretrain.plan.hardware import device_name_to_type
 
 SEQS = (2048, 8192)
 TOKENS_PER_STEP = 16384
@@ -50,7 +54,6 @@ def rows_wanted() -> list[tuple[str, int, str]]:
 
 def dry_run_lines() -> list[str]:
     """Each row composed here (the same validation as on the GPU) with make plan's H100 step time for it."""
-    from pretrain.config.compose import load_recipe
     from pretrain.model.attention_record import attention_record
     from pretrain.plan.memory import stage_param_bytes
     from pretrain.plan.perf import rates, shape, step_time
@@ -64,12 +67,10 @@ def dry_run_lines() -> list[str]:
     return out
 
 
-def step_speed() -> list:
-    """One Row per (recipe, seq, backend) that ran (launch/gpu_check.py's train / predicted / Row)."""
+def step_speed(Row: type, train: Callable, predicted: Callable) -> list:     # noqa: N803 (a class passed in)
+    """One Row per (recipe, seq, backend) that ran; launch/gpu_check.py passes its Row, train and predicted."""
     import torch
 
-    from launch.gpu_check import Row, predicted, train
-    from pretrain.plan.hardware import device_name_to_type
     gpu_type = device_name_to_type(torch.cuda.get_device_name())
     rows = []
     for recipe, seq, backend in rows_wanted():
