@@ -117,10 +117,7 @@ class TorchDotProductAttention(DotProductAttention):
         """An explicit mask (True = masked, [b or 1, 1, sq, sk]) as SDPA's boolean keep-mask. Queries with every
         key masked get the mean of all values, as megatron-core's masked_fill(-10000) softmax gives them."""
         keep = ~attention_mask.bool()
-        empty = ~keep.any(dim=-1, keepdim=True)                      # [b, 1, sq, 1]
-        if not bool(empty.any()):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout,
-                                                  scale=self.softmax_scale, enable_gqa=self.groups > 1)
+        empty = ~keep.any(dim=-1, keepdim=True)      # [b, 1, sq, 1]; no host sync on whether any row is empty
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep | empty, dropout_p=dropout,
                                              scale=self.softmax_scale, enable_gqa=self.groups > 1)
         mean = v.mean(dim=2, keepdim=True)
@@ -138,28 +135,36 @@ class TorchDotProductAttention(DotProductAttention):
         if uses_flex(q.device, dropout):
             def mask_mod(b, h, i, j):
                 return (doc[i] == doc[j]) & (j <= i)
-            return self._flex(q, k, v, mask_mod, None)
+            return self._flex(q, k, v, mask_mod, params)
         keep = (doc[:, None] == doc[None, :]) & torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout, scale=self.softmax_scale,
                                               enable_gqa=self.groups > 1)
 
-    def _flex(self, q, k, v, mask_mod, cache_key):
-        block = _block_mask(mask_mod, q.size(2), k.size(2), q.device, cache_key)
+    def _flex(self, q, k, v, mask_mod, key):
+        block = _block_mask(mask_mod, q.size(2), k.size(2), q.device, key)
         return _compiled_flex()(q, k, v, block_mask=block, scale=self.softmax_scale, enable_gqa=self.groups > 1)
 
 
 _BLOCK_MASKS: dict = {}
+_LAST_PACKED: list = [None, None]      # (PackedSeqParams, its block mask): every layer of a micro-batch shares it
 
 
-def _block_mask(mask_mod, sq: int, sk: int, device, cache_key):
-    """FlexAttention's block mask; a window's is the same every layer and step (cached), a document layout's is
-    built per micro-batch (cache_key None)."""
+def _block_mask(mask_mod, sq: int, sk: int, device, key):
+    """FlexAttention's block mask, built block-wise by a compiled pass (never an sq x sk grid). A window's (key:
+    a tuple) is the same every layer and step: cached. A document layout's (key: the micro-batch's
+    PackedSeqParams, one object for all its layers) is built once per micro-batch."""
     from torch.nn.attention.flex_attention import create_block_mask
-    if cache_key is not None and (cache_key, str(device)) in _BLOCK_MASKS:
-        return _BLOCK_MASKS[(cache_key, str(device))]
-    block = create_block_mask(mask_mod, B=None, H=None, Q_LEN=sq, KV_LEN=sk, device=device)
-    if cache_key is not None:
-        _BLOCK_MASKS[(cache_key, str(device))] = block
+    packed = not isinstance(key, tuple)
+    if packed and _LAST_PACKED[0] is key:
+        return _LAST_PACKED[1]
+    if not packed and (key, str(device)) in _BLOCK_MASKS:
+        return _BLOCK_MASKS[(key, str(device))]
+    block = create_block_mask(mask_mod, B=None, H=None, Q_LEN=sq, KV_LEN=sk, device=device,
+                              _compile=device.type == "cuda")
+    if packed:
+        _LAST_PACKED[:] = [key, block]
+    else:
+        _BLOCK_MASKS[(key, str(device))] = block
     return block
 
 
