@@ -20,11 +20,9 @@ from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from . import fusions
 from .attention import use_torch_attention
-from .attention_record import core_attention, has_transformer_engine, require_transformer_engine, te_spec
+from .attention_record import core_attention, require_transformer_engine, te_spec
 from .mla_attention import use_latent_attention
 from .mtp import fit_mtp_stage, mtp_block_spec, mtp_config
-
-__all__ = ["has_transformer_engine"]     # model/attention_record.py decides; re-exported for its callers
 
 
 def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> TransformerConfig:
