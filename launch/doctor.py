@@ -18,6 +18,7 @@ import sys
 from typing import Optional
 
 from common.cli import command, overrides_from_env, recipe_from_env
+from common.config import ConfigError
 from common.text import markdown_table
 from pretrain.config.compose import load_recipe
 from pretrain.model import fusions
@@ -107,7 +108,8 @@ def recipe_rows(job) -> list[tuple[str, str, str]]:
     p = job.parallel
     rows = [("device", "GPU" if gpu else "CPU", "" if gpu else "GPU recipes run on CPU only at toy sizes"),
             ("layer spec", "Transformer Engine" if te_spec else "local (megatron-core modules)",
-             f"model.transformer_impl={job.model.transformer_impl}")]
+             f"model.transformer_impl={job.model.transformer_impl}"),
+            _attention_row(job)]
     if p.context_parallel_size > 1 and not te_spec:
         rows.append(("context parallel", "refused", "CP needs Transformer Engine's attention: install TE "
                                                     "(pip install '.[gpu]' or an NGC container)"))
@@ -122,6 +124,17 @@ def recipe_rows(job) -> list[tuple[str, str, str]]:
     if p.engine == "deepspeed":
         rows.append(("optimizer", "DeepSpeed FusedAdam" if gpu else "torch AdamW", _fused_adam()))
     return rows
+
+
+def _attention_row(job) -> tuple[str, str, str]:
+    """The core attention and kernel the job would run here (model/attention_record.py), or its refusal."""
+    from pretrain.model.attention_record import attention_record, require_transformer_engine
+    try:
+        require_transformer_engine(job)
+    except ConfigError as err:
+        return ("attention", "refused", str(err).replace("\n", " "))
+    r = attention_record(job)
+    return ("attention", r["kernel"], f"{r['core_attention']}; model.attention_backend={r['attention_backend']}")
 
 
 @command

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 from common.cli import command, env_flag
 from common.paths import REPO_ROOT
 from common.text import markdown_table
+from launch import gpu_speed
 from launch.doctor import environment
 from pretrain.config.compose import load_recipe, to_yaml
 from pretrain.plan.hardware import device_name_to_type
@@ -233,6 +234,10 @@ STEPS = [
     Step("dist-opt-overlap", "gpt-125m bf16, distributed optimizer with both overlaps, 30 steps, a save", "cuda",
          step_dist_opt),
     Step("te-spec", "Transformer Engine layer spec, 20 steps", "transformer_engine", step_te),
+    Step("speed", "gpt-125m and llama-1b bf16 at seq 2048 and 8192: torch's attention vs megatron-core's unfused "
+                  "(and TE's where installed): tokens/s, MFU, peak memory, step time vs make plan "
+                  "(launch/gpu_speed.py)",
+         "cuda", lambda: gpu_speed.step_speed(Row, train, predicted)),
 ]
 
 
@@ -260,6 +265,8 @@ def main() -> int:
         print("make gpu-check runs, on one GPU, in this order (each a real run; a failure does not stop the rest):")
         for s in STEPS:
             print(f"  {s.name:<14} {s.what}" + (f"  [needs {s.needs}]" if s.needs else ""))
+        print("The speed rows, each composed here (make plan's H100 step time beside it):")
+        print("\n".join(gpu_speed.dry_run_lines()))
         print("It carries: the working tree, data/demo/bpe4k, data/demo/gpt2, data/tokenizers/gpt2 and .whl/ "
               "(make gpu-check-wheels: the pinned packages a bare GPU machine's Python lacks).")
         return 0
@@ -283,12 +290,14 @@ def main() -> int:
         start = time.monotonic()
         log(f"\n=== {s.name}: {s.what}")
         try:
-            row = s.run()
+            out = s.run()
         except Exception as err:   # a step's failure is a row of the report, never the end of the check
-            row = Row(s.name, "FAIL", f"{type(err).__name__}: {err}"[:400])
-        row.figures += f" ({time.monotonic() - start:.0f} s)"
-        log(f"=== {s.name}: {row.result} {row.figures}")
-        results.append(row)
+            out = Row(s.name, "FAIL", f"{type(err).__name__}: {err}"[:400])
+        rows = out if isinstance(out, list) else [out]          # the speed step gives one row per run
+        for row in rows or [Row(s.name, "SKIP", "no rows chosen")]:
+            log(f"=== {row.step}: {row.result} {row.figures}")
+            results.append(row)
+        results[-1].figures += f" ({time.monotonic() - start:.0f} s)"
         (OUT / "gpu-check.md").write_text(markdown_rows(results) + "\n")
     print(markdown_rows(results))
     return 0 if all(r.result != "FAIL" for r in results) else 1

@@ -2,9 +2,11 @@
 
 Ours: Trainer-equivalent steps through the MegatronEngine (DDP wrapper, Megatron optimizer
 wrapper, grad clipping, LR setting, loss all-reduce, metrics). Bare: the same GPTModel and
-the same micro-batches with `loss.backward(); AdamW.step()` and nothing else. The two
-alternate in rounds (best round of each counts) so machine drift hits both alike. The
-overhead ratio (goal <= 3%) goes to docs/bench-train.md.
+the same micro-batches with `loss.backward(); AdamW.step()` and nothing else. Bare, unfused: the
+bare loop on the same weights with megatron-core's unfused attention (model.attention_backend=unfused)
+instead of the default torch SDPA kernel (pretrain/model/attention.py). They alternate in rounds (best
+round of each counts) so machine drift hits all alike. The overhead ratio (goal <= 3%) and the
+attention kernels' tokens/s ratio go to docs/bench-train.md.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from common.cli import overrides_from_env, recipe_from_env
 
 from .config.compose import load_recipe
+from .model.attention_record import attention_line
 
 
 def main() -> int:
@@ -46,24 +49,33 @@ def main() -> int:
     bare_model.load_state_dict(engine.model[0].module.state_dict())
     bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=cfg.optim.lr, betas=(0.9, 0.95), weight_decay=0.1)
 
+    unfused_cfg = load_recipe(recipe_from_env(), ["cluster.devices_per_node=1", "logging.tensorboard=false",
+                                                  *overrides_from_env(), "model.attention_backend=unfused"])
+    unfused_model = build_gpt_model(unfused_cfg, transformer_config(unfused_cfg))
+    unfused_model.load_state_dict(engine.model[0].module.state_dict())
+    unfused_opt = torch.optim.AdamW(unfused_model.parameters(), lr=cfg.optim.lr, betas=(0.9, 0.95), weight_decay=0.1)
+
     def ours():
         for i, micro in enumerate(step_batches):
             result = engine.train_step(micro, cfg.optim.lr)
             metrics.step(i, result, cfg.optim.lr, g, (i + 1) * g)
 
-    def bare():
+    def bare(model=bare_model, opt=bare_opt):
         for micro in step_batches:
             for mb in micro:
-                out = bare_model(mb["tokens"], mb["position_ids"], None, labels=mb["labels"])
+                out = model(mb["tokens"], mb["position_ids"], mb.get("attention_mask"), labels=mb["labels"])
                 loss = (out.float() * mb["loss_mask"]).sum() / mb["loss_mask"].sum() / len(micro)
                 loss.backward()
-            bare_opt.step()
-            bare_opt.zero_grad(set_to_none=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
-    ours(), bare()                      # warm-up: allocator, first-call costs
-    best = {"ours": float("inf"), "bare": float("inf")}
+    def unfused():
+        bare(unfused_model, unfused_opt)
+
+    ours(), bare(), unfused()           # warm-up: allocator, first-call costs
+    best = {"ours": float("inf"), "bare": float("inf"), "unfused": float("inf")}
     for _ in range(rounds):
-        for name, fn in (("ours", ours), ("bare", bare)):
+        for name, fn in (("ours", ours), ("bare", bare), ("unfused", unfused)):
             start = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
@@ -76,8 +88,11 @@ def main() -> int:
              f"global batch {g} x {cfg.model.seq_length} tokens, {steps} steps per round, best of {rounds} rounds.", "",
              "| loop | tokens/s |", "| --- | --- |",
              f"| bare (forward/backward + AdamW) | {tps['bare']:,.0f} |",
-             f"| ours (MegatronEngine + loop + metrics) | {tps['ours']:,.0f} |", "",
-             f"Overhead: {overhead:+.1%} (goal <= 3%)."]
+             f"| ours (MegatronEngine + loop + metrics) | {tps['ours']:,.0f} |",
+             f"| bare, megatron-core's unfused attention (model.attention_backend=unfused) | {tps['unfused']:,.0f} |",
+             "", f"Overhead: {overhead:+.1%} (goal <= 3%).", "",
+             f"Attention: {attention_line(cfg)}; bare loop with it / with the unfused attention: "
+             f"{tps['bare'] / tps['unfused']:.2f}x tokens/s."]
     if torch.distributed.get_rank() == 0:
         out = Path("docs/bench-train.md")
         out.parent.mkdir(exist_ok=True)

@@ -31,6 +31,7 @@ from .data.mix import PhasedMix
 from .dist import from_rank0, log
 from .dist import rank as dist_rank
 from .engines.base import Engine
+from .model.attention_record import attention_record
 from .objectives.task import Task
 from .observability.downstream import DownstreamEvals
 from .observability.hooks import Hooks, Profiler
@@ -73,7 +74,8 @@ class Trainer:
             self.train_batches = StepBatches(train, cfg.batch.micro_batch_size, engine.dp_rank, engine.dp_size)
         self.valid, self.test = valid, test
         self.metrics = Metrics(cfg, self.run_dir, engine.is_logging_rank(), task.flops_per_token,
-                               this_device_peak_tflops(cfg.precision.half))
+                               this_device_peak_tflops(cfg.precision.half),
+                               first_record={"attention": attention_record(cfg)})
         self.downstream = DownstreamEvals.from_config(cfg, engine, self.metrics)
         self.history: List[dict] = []
         c = cfg.checkpoint

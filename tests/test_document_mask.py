@@ -114,7 +114,8 @@ def test_thd_boundaries_come_from_the_reset_positions():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["cluster.gpu_type=H100-SXM", "model.transformer_impl=local"], "Fix: model.transformer_impl=transformer_engine"),
+    (["cluster.gpu_type=H100-SXM", "model.transformer_impl=local", "model.attention_backend=local"],
+     "Fix: model.attention_backend=auto"),
     (["cluster.gpu_type=H100-SXM", "model.attention_backend=unfused"], "Fix: model.attention_backend=auto"),
     (["cluster.gpu_type=H100-SXM", "model.transformer_impl=transformer_engine", "parallel.context_parallel_size=2"],
      "data.document_mask=true with parallel.context_parallel_size=2"),
@@ -125,6 +126,9 @@ def test_document_mask_rules_fire_at_compose_time(overrides, message):
         load_recipe("gpt-tiny", ["data.document_mask=true"] + overrides)
     assert message in str(err.value)
     assert load_recipe("gpt-tiny", ["data.document_mask=true"]).data.document_mask      # CPU, local attention: fine
+    # GPUs without TE: the packed (thd) form in torch's attention (pretrain/model/attention.py)
+    assert load_recipe("gpt-tiny", ["data.document_mask=true", "cluster.gpu_type=H100-SXM",
+                                    "model.transformer_impl=local"]).data.document_mask
 
 
 def test_long_context_recipes_validate():
@@ -140,8 +144,11 @@ def test_plan_counts_the_mask_and_the_scores_it_materialises():
     base = ONE_RANK + ["model.attention_backend=local"]
     off, on = (memory_per_gpu(load_recipe("gpt-tiny", base + [f"data.document_mask={v}"])) for v in ("false", "true"))
     assert (on["activations"] - off["activations"]) * GIB == pytest.approx(16 * 16 * 1)      # s x s x mbs bools
-    auto = memory_per_gpu(load_recipe("gpt-tiny", ONE_RANK + ["data.document_mask=true"]))
-    assert auto["activations"] == pytest.approx(on["activations"])          # CPU: scores kept whatever the backend
+    # the default (torch's SDPA with the mask, pretrain/model/attention.py) keeps the mask but no scores
+    auto_off, auto = (memory_per_gpu(load_recipe("gpt-tiny", ONE_RANK + [f"data.document_mask={v}"]))
+                      for v in ("false", "true"))
+    assert (auto["activations"] - auto_off["activations"]) * GIB == pytest.approx(16 * 16 * 1)
+    assert auto["activations"] < on["activations"]
 
 
 # ---- training: TP=2 and PP=2 equal one process; the default layout through pretrain.train ----------
@@ -151,8 +158,8 @@ DOC = ["data.document_mask=true", "data.eod_mask_loss=true", f"schedule.train_it
 
 @shared_runs(nproc=1)
 def docmask_reference(root, runs):
-    """gpt-tiny with document masking on one process, N steps."""
-    return {"tp1": DOC}
+    """gpt-tiny with document masking on one process, N steps; and on megatron-core's unfused attention."""
+    return {"tp1": DOC, "unfused": DOC + ["model.attention_backend=unfused"]}
 
 
 @shared_runs(nproc=2)
@@ -184,6 +191,14 @@ def test_document_masked_layouts_equal_one_process(docmask_reference, docmask_ru
     if layout != "dp2":                                                      # the same validation window
         (valid,), (ref_valid,) = valid_records(docmask_runs, layout), valid_records(docmask_reference, "tp1")
         assert abs(valid["loss"] - ref_valid["loss"]) < 1e-5
+
+
+@pytest.mark.slow
+def test_torch_attention_gives_the_unfused_losses_with_documents(docmask_reference):
+    ours, unfused = ([r["loss"] for r in docmask_reference[name]] for name in ("tp1", "unfused"))
+    assert len(ours) == len(unfused) == N
+    for step, (a, b) in enumerate(zip(ours, unfused, strict=True), start=1):
+        assert abs(a - b) < 1e-5, (step, a, b)
 
 
 @pytest.mark.slow

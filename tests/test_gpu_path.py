@@ -1,6 +1,7 @@
 """The GPU path's decisions, checked here on CPU: fusions follow their kernels (model/fusions.py), a run
 launched with another process count than its config is refused, DeepSpeed's op builder gets an arch list it
 can parse, `make doctor` and `make gpu-check DRY_RUN=1` answer. The GPU runs themselves: docs/gpu-check.md."""
+import re
 import subprocess
 
 import pytest
@@ -93,11 +94,19 @@ def test_doctor_and_the_gpu_check_dry_run_answer_on_cpu(monkeypatch, capsys):
     assert doctor.main() == 0
     out = capsys.readouterr().out
     assert "| torch |" in out and "recipe llama-8b" in out and "| apply_rope_fusion | off | GPU only |" in out
+    # the attention the job would build: torch's (no TE here), its kernel picked on the GPU node
+    assert "| attention | torch SDPA; its kernel is picked on the GPU node (run make doctor there) | " \
+           "TorchDotProductAttention (pretrain/model/attention.py); model.attention_backend=auto |" in out
     monkeypatch.setenv("DRY_RUN", "1")
     assert gpu_check.main() == 0
     out = capsys.readouterr().out
-    for step in ("bf16-gpt-125m", "fp32-vs-cpu", "kill-resume", "ds-zero2", "dist-opt-overlap", "te-spec"):
+    for step in ("bf16-gpt-125m", "fp32-vs-cpu", "kill-resume", "ds-zero2", "dist-opt-overlap", "te-spec", "speed"):
         assert step in out
+    # every speed row composes here; the unfused rows are planned slower than torch's at the same shape
+    speed = dict(re.findall(r"speed (\S+)\s.*plan \(H100\): step (\d+) ms", out))
+    assert len(speed) == 12
+    for shape in ("gpt-125m/2048", "gpt-125m/8192", "llama-1b/2048", "llama-1b/8192"):
+        assert int(speed[f"{shape}/unfused"]) > int(speed[f"{shape}/torch"])
     make = subprocess.run(["make", "-n", "doctor", "gpu-check"], cwd=REPO, capture_output=True, text=True)
     assert "-m launch.doctor" in make.stdout and "launch/gpu_check.sh" in make.stdout
 

@@ -20,6 +20,7 @@ def objective_reference(root, runs):
     """Each recipe for 10 steps on one process (BASE: global batch 16, lr 1e-3), validating every 5."""
     jobs = {name: [f"recipe={recipe}", *SHORT] for name, recipe in RECIPES.items()}
     jobs["bert"].append("checkpoint.save_final=true")                  # exported below
+    jobs["swa-unfused"] = ["recipe=llama-tiny-swa", "model.attention_backend=unfused", *SHORT]   # torch's vs unfused
     return jobs
 
 
@@ -44,6 +45,14 @@ def test_each_recipe_learns_and_tp2_gives_the_one_process_losses(objective_refer
     assert ref[-1] < ref[0] - 0.5, ref                                   # it learns
     for step, (a, b) in enumerate(zip(tp2, ref, strict=True)):
         assert abs(a - b) < 1e-5, (name, step + 1, a, b)
+
+
+@pytest.mark.slow
+def test_windowed_layers_on_torch_attention_give_the_unfused_losses(objective_reference):
+    ours, unfused = losses(objective_reference["swa"]), losses(objective_reference["swa-unfused"])
+    assert len(ours) == len(unfused) == STEPS
+    for step, (a, b) in enumerate(zip(ours, unfused, strict=True), start=1):
+        assert abs(a - b) < 1e-5, (step, a, b)
 
 
 @pytest.mark.slow

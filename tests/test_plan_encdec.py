@@ -89,7 +89,9 @@ def test_flops_per_token_are_torchs_count_and_the_hand_formula(tp1, tmp_path, re
     from pretrain.objectives.task import build_task
     cfg = load_recipe(recipe, overrides)
     planned = flops_per_token(cfg, count_params(cfg))
-    assert planned["model"] == 3 * forward_flops(cfg, built(cfg)) / cfg.model.seq_length
+    # counted on the unfused attention, whose every matmul torch's FlopCounterMode sees (the full square)
+    unfused = load_recipe(recipe, [*overrides, "model.attention_backend=unfused"])
+    assert planned["model"] == 3 * forward_flops(unfused, built(unfused)) / cfg.model.seq_length
     assert planned["model"] == pytest.approx(hand_flops_per_token(cfg), rel=1e-12)
     # the loop logs global_batch x seq_length tokens a step at the planner's FLOPs per token (the task hands them)
     assert build_task(cfg).flops_per_token == planned["model"] == \
@@ -97,15 +99,18 @@ def test_flops_per_token_are_torchs_count_and_the_hand_formula(tp1, tmp_path, re
 
 
 def test_activations_by_hand():
-    # fp32, one micro-batch of 8, no dropout; the local attention materialises the scores (backend 'auto')
+    # fp32, one micro-batch of 8, no dropout; megatron-core's unfused attention materialises the scores
     e, b, f, a = 4, 8, 4 * H, 6
-    one = ["cluster.devices_per_node=1", "batch.global_batch_size=8"]
+    one = ["cluster.devices_per_node=1", "batch.global_batch_size=8", "model.attention_backend=unfused"]
 
     def layer(s_q: int) -> int:      # norm inputs, QKV and fc1 inputs; Q, K, V, proj input; GELU, fc2 inputs; scores
         return s_q * b * (4 * H + 3 * H + H + 2 * f) * e + a * s_q * s_q * b * e
 
     bert = load_recipe("bert-tiny", one)
-    assert bert.model.attention_backend == "auto"
+    # the default (torch's attention, pretrain/model/attention.py) keeps every layer's scores fewer
+    default = load_recipe("bert-tiny", one[:-1])
+    assert default.model.attention_backend == "auto"
+    assert (memory_per_gpu(bert)["activations"] - memory_per_gpu(default)["activations"]) * GIB == 4 * a * S * S * b * e
     heads = 5 * S * b * H * e + 4 * S * b * V         # final norm, LM head dense / GELU / norm, output inputs; logits
     assert memory_per_gpu(bert)["activations"] * GIB == 4 * layer(S) + S * S * b + heads
     # T5: 3 encoder layers at 128 tokens; 3 decoder layers at 29, each with its cross-attention to the 128

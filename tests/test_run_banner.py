@@ -2,13 +2,14 @@
 engines. Read from the logs of runs the session makes anyway: `make pretrain` (megatron, 2
 ranks), the 2-process layout runs and the DeepSpeed runs (tests/training.py writes each launch's
 stdout to <root>/launch.log); tests/test_make_pretrain.py checks the block leads `make pretrain`'s log."""
+import json
 import re
 
 import pytest
 
 from tests.training import LAYOUTS, STEPS
 
-ROWS = ("engine", "layout", "parameters", "precision", "fusions", "batch", "length", "data", "run dir")
+ROWS = ("engine", "layout", "parameters", "precision", "fusions", "attention", "batch", "length", "data", "run dir")
 
 
 def banners(log: str) -> list[dict]:
@@ -38,6 +39,14 @@ def test_megatron_layout_runs_describe_their_layout(layout_runs):
                                                               "warmup 5 steps")       # 12 x 16 x 128 tokens
     assert by_dir["tp2"]["length"].endswith("optimizer adamw (AdamW)")        # the kernel under the wrappers
     assert by_dir["tp2"]["fusions"] == "none (CPU)"
+    assert by_dir["tp2"]["attention"] == ("torch causal: SDPA flash [TorchDotProductAttention (pretrain/model/"
+                                          "attention.py), local spec, model.attention_backend=auto]")
+    # what runs is also recorded: in the first train record of each process and in every checkpoint's meta.json
+    first = json.loads((layout_runs.root / "tp2" / "metrics.jsonl").read_text().splitlines()[0])
+    meta = json.loads(next((layout_runs.root / "tp2" / "checkpoints").glob("step_*/meta.json")).read_text())
+    assert first["attention"] == meta["engine_state"]["attention"] == {
+        "attention_backend": "auto", "layer_spec": "local", "kernel": "torch causal: SDPA flash",
+        "core_attention": "TorchDotProductAttention (pretrain/model/attention.py)"}
 
 
 @pytest.mark.slow

@@ -22,6 +22,16 @@ def test_layout_matches_single_process_losses(reference, layout_runs, layout):
         assert abs(a - b) < 1e-5, (layout, step, a, b)
 
 
+@pytest.mark.slow
+def test_torch_attention_gives_the_unfused_losses(reference_run):
+    """The default core attention (torch's SDPA, pretrain/model/attention.py) against megatron-core's unfused one."""
+    ours, unfused = ([r["loss"] for r in reference_run[name]] for name in ("tp1dp1", "unfused"))
+    assert len(ours) == len(unfused) == STEPS and ours[-1] < ours[0] - 0.5
+    for step, (a, b) in enumerate(zip(ours, unfused, strict=True), start=1):
+        assert abs(a - b) < 1e-5, (step, a, b)
+    assert ours != unfused                  # two kernels: not bitwise equal (they round differently)
+
+
 @shared_runs(nproc=1)
 def recompute_runs(root, runs):
     """The reference's first 6 steps (same config: its LR schedule is over schedule.lr_decay=20 steps),

@@ -362,8 +362,9 @@ class SessionRuns:
 # ---- sets more than one test module reads (tests/conftest.py makes them fixtures) ------------
 @shared_runs(nproc=1)
 def reference_run(root, runs):
-    """gpt-tiny on one process for STEPS steps: what every layout must reproduce (fixture `reference`)."""
-    return {"tp1dp1": []}
+    """gpt-tiny on one process for STEPS steps: what every layout must reproduce (fixture `reference`); and the same
+    on megatron-core's unfused attention, which torch's (the default, pretrain/model/attention.py) must reproduce."""
+    return {"tp1dp1": [], "unfused": ["model.attention_backend=unfused"]}
 
 
 @shared_runs(nproc=2)

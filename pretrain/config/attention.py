@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+BACKENDS = ("auto", "torch", "te", "flash", "fused", "unfused", "local")   # model.attention_backend
+UNFUSED = ("unfused", "local")      # the backends that materialise b x heads x s x s scores
+TE_ONLY = ("te", "flash", "fused")  # Transformer Engine's attention: its layer spec only
+
 
 def window_pattern(model) -> Optional[list[bool]]:
     """Per layer (0-based): True where the layer attends within the window; None without windows."""
@@ -86,3 +90,35 @@ def attention_problems(cfg, add) -> None:
         add("model.window_size with data.document_mask=true: megatron-core's local attention replaces the given "
             "mask by the sliding-window mask (fused_softmax.py), so document boundaries would be lost, and TE's "
             "packed (thd) path with a window is not run here. Fix: drop one of them.")
+
+
+def materialises_scores(cfg) -> bool:
+    """Whether core attention keeps b x heads x s x s scores: megatron-core's (or TE's) unfused attention, asked
+    for by name, or MLA on the local spec (its own DotProductAttention, model/mla_attention.py). Every other
+    path runs a fused kernel (TE's, torch's SDPA / FlexAttention: model/attention.py)."""
+    m = cfg.model
+    return m.attention_backend in UNFUSED or (m.mla.enabled and m.transformer_impl == "local")
+
+
+def assumed_attention(cfg) -> str:
+    """What the planner times and sizes (plan/memory.py, plan/perf.py), in the words `make plan` prints."""
+    if materialises_scores(cfg):
+        return (f"unfused (model.attention_backend={cfg.model.attention_backend}): b x heads x s x s scores kept, "
+                "full-square matmuls")
+    return ("fused flash-style kernel (TE's on its spec, else torch's SDPA/FlexAttention): no s x s scores, causal "
+            "half of the matmuls")
+
+
+def backend_problems(cfg, add) -> None:
+    """Compose-time rules for model.attention_backend, each with the fix."""
+    m = cfg.model
+    if m.attention_backend in TE_ONLY and m.transformer_impl == "local":
+        add(f"model.attention_backend={m.attention_backend} is Transformer Engine's attention, and "
+            "model.transformer_impl=local builds no TE layer. Fix: model.attention_backend=torch (torch's flash "
+            "kernels on the local spec) or model.transformer_impl=transformer_engine.")
+    elif m.attention_backend == "te" and cfg.cluster.gpu_type == "cpu":
+        add("model.attention_backend=te on cluster.gpu_type=cpu: Transformer Engine's attention is CUDA-only. "
+            "Fix: model.attention_backend=auto (torch's CPU flash kernel).")
+    if m.attention_backend == "torch" and m.mla.enabled:
+        add("model.attention_backend=torch with model.mla.enabled: MLA's queries and values differ in width, "
+            "which the local spec's MLA attention handles unfused. Fix: model.attention_backend=auto.")

@@ -74,13 +74,10 @@ def document_mask_problems(cfg, add) -> None:
                 "local attention; model.transformer_impl=transformer_engine has no CPU path. Fix: "
                 "model.transformer_impl=local (or auto).")
         return
-    if m.transformer_impl == "local":
-        add("data.document_mask=true on GPUs runs packed (thd) attention, which needs Transformer Engine; "
-            "model.transformer_impl=local has none (and the fused local softmax ignores a given mask). Fix: "
-            "model.transformer_impl=transformer_engine (or auto with TE installed).")
     if m.attention_backend in ("unfused", "local"):
-        add(f"data.document_mask=true on GPUs with model.attention_backend={m.attention_backend}: the thd "
-            "format runs in TE's flash/fused kernels only. Fix: model.attention_backend=auto, flash or fused.")
+        add(f"data.document_mask=true on GPUs with model.attention_backend={m.attention_backend}: the packed "
+            "(thd) format runs in TE's flash/fused kernels or torch's (FlexAttention), not in an unfused "
+            "attention. Fix: model.attention_backend=auto (or torch).")
     if p.context_parallel_size > 1:
         add(f"data.document_mask=true with parallel.context_parallel_size={p.context_parallel_size}: splitting "
             "packed (thd) sequences over CP ranks is not written. Fix: CP=1 (TP with sequence_parallel and "

@@ -70,8 +70,9 @@ class ModelConfig:
                                               "0/null off.")
     mtp_loss_weight: float = doc(0.3, "MTP loss weight lambda: trained loss = main + lambda/D * sum of MTP losses "
                                       "(DeepSeek-V3: 0.3, then 0.1).")
-    attention_backend: str = doc("auto", "'auto', 'flash', 'fused', 'unfused' or 'local'; auto picks the best "
-                                         "available.")
+    attention_backend: str = doc("auto", "Core attention: 'torch' (SDPA/FlexAttention), 'te' (TE's flash/fused; "
+                                         "'flash'/'fused' force one), 'unfused'/'local' (s x s scores); 'auto': te "
+                                         "on TE's spec, else torch. pretrain/model/attention.py.")
     layout_invariant_init: bool = doc(True, "Draw each weight from a generator seeded by its global name, so every "
                                             "TP/PP layout starts equal; false (megatron-core's own init) is refused "
                                             "with PP>1, where it seeds every stage alike.")
@@ -241,7 +242,7 @@ class DataConfig:
                                      "train weights; empty keeps them fixed.", factory=list)
     fim: FimConfig = doc(None, "Fill-in-the-middle transform of the samples (pretrain/data/fim.py).", factory=FimConfig)
     document_mask: bool = doc(False, "Each document in a packed sample attends only to itself, positions restart "
-                                     "after EOD (CPU: s x s mask; GPUs: thd with TE). pretrain/data/packing.py.")
+                                     "after EOD (CPU: s x s mask; GPUs: packed thd). pretrain/data/packing.py.")
     eod_mask_loss: bool = doc(False, "Do not score the target predicted from an EOD token (the next document's "
                                      "first token).")
     max_epochs: float = doc(100.0, "Refuse a run that reads any train source of the blend more often than this "

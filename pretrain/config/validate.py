@@ -12,7 +12,7 @@ from ..engines.deepspeed.ds_config import load_template, problems, template_path
 from ..engines.registry import ENGINES
 from ..optim.registry import OPTIMIZERS
 from ..schedules import LR_SCHEDULES, WSD_SHAPES
-from .attention import attention_problems
+from .attention import BACKENDS, attention_problems, backend_problems
 from .blend_file import blend_problems
 from .data import document_mask_problems, fim_problems
 from .derive import batch_ramp, pipeline_stage_layers
@@ -34,7 +34,7 @@ CHOICES = {
     "model.position_embedding_type": ("learned_absolute", "rope"),
     "model.normalization": ("LayerNorm", "RMSNorm"),
     "model.activation": ("gelu", "swiglu"),
-    "model.attention_backend": ("auto", "flash", "fused", "unfused", "local"),
+    "model.attention_backend": BACKENDS,
     "model.transformer_impl": ("auto", "local", "transformer_engine"),
     "precision.dtype": DTYPES,
     "checkpoint.on_all_damaged": ("stop", "restart"),
@@ -208,6 +208,7 @@ def validate(cfg: JobConfig) -> None:
     blend_problems(cfg, add)        # data.blend is a blend, tokenized with data.tokenizer (blend.json's record)
     document_mask_problems(cfg, add)
     attention_problems(cfg, add)
+    backend_problems(cfg, add)
     mla_problems(cfg, add)
     downstream_problems(cfg, add)
     peft_problems(cfg, add)

@@ -4,14 +4,16 @@ A sample is seq_length tokens cut from documents joined by EOD. With data.docume
 document inside a sample attends only to itself and its positions restart at 0 after every EOD
 (the EOD closes its document: it belongs to the span before it). Two ways to run it:
 
-* mask path (CPU, megatron-core's local attention): megatron-core's GPTDataset builds the
-  block-diagonal causal mask [1, s, s] (True = masked) per sample; the micro-batch carries it as
-  [b, 1, s, s] and GPTModel's attention applies it in its unfused softmax on every TP rank and
+* mask path (CPU): megatron-core's GPTDataset builds the block-diagonal causal mask [1, s, s]
+  (True = masked) per sample; the micro-batch carries it as [b, 1, s, s] and GPTModel's core attention
+  applies it (torch's SDPA with the mask, or megatron-core's unfused softmax) on every TP rank and
   PP stage (every rank reads the same micro-batches).
-* thd path (GPUs, Transformer Engine): no s x s mask. The micro-batch is flattened to one row of
-  b*s tokens and PackedSeqParams(qkv_format="thd") gives TE's attention the document boundaries
-  (cu_seqlens: every position whose reset position id is 0 starts a document, and every sample
-  starts one). Written against megatron-core 0.16's thd API, untested on a GPU.
+* thd path (GPUs): no s x s mask. The micro-batch is flattened to one row of b*s tokens and
+  PackedSeqParams(qkv_format="thd") gives the core attention the document boundaries (cu_seqlens:
+  every position whose reset position id is 0 starts a document, and every sample starts one): TE's
+  attention, or torch's FlexAttention on the local spec (pretrain/model/attention.py; its thd form
+  equals the mask path on CPU in tests/test_torch_attention.py). Written against megatron-core 0.16's thd
+  API, untested on a GPU.
 
 data.eod_mask_loss drops the loss of targets predicted from an EOD token (the first token of the
 next document, unpredictable under document masking). Token counts (tokens per step, tokens/s,
@@ -41,7 +43,7 @@ def scored_tokens(cfg: JobConfig) -> str:
     """One line for the log: what the loss (train and validation perplexity) averages over."""
     if not cfg.data.document_mask and not cfg.data.eod_mask_loss:
         return "loss over every target token; attention crosses document boundaries"
-    attention = (("per-document attention and positions (" + ("s x s mask" if uses_mask(cfg) else "thd, TE")
+    attention = (("per-document attention and positions (" + ("s x s mask" if uses_mask(cfg) else "packed thd")
                   + ")") if cfg.data.document_mask else "attention crosses document boundaries")
     scored = ("every target except the token after each EOD (data.eod_mask_loss)" if cfg.data.eod_mask_loss
               else "every target token, the first token after each EOD included")

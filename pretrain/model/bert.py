@@ -23,6 +23,8 @@ from megatron.core.transformer.enums import AttnBackend
 from common.config import ConfigError
 
 from ..config.schema import JobConfig
+from .attention import TorchDotProductAttention, use_torch_attention
+from .attention_record import core_attention
 from .gpt import language_model_args, transformer_config
 
 
@@ -45,7 +47,8 @@ def local_spec_problems(cfg: JobConfig) -> list[str]:
 def local_spec_config(cfg: JobConfig, on_gpu: Optional[bool] = None) -> TransformerConfig:
     """`transformer_config(cfg)` for a model built from megatron-core's local layer specs (BERT, T5): the
     fusions are decided for local modules (not TE's, whose linears fuse weight-gradient accumulation
-    themselves), and attention runs megatron-core's DotProductAttention (BertModel asserts it)."""
+    themselves), and megatron-core's attention backend is 'local' (BertModel asserts it; which core attention
+    module runs is local_layer_spec's)."""
     problems = local_spec_problems(cfg)
     if problems:
         raise ConfigError(problems)
@@ -56,9 +59,30 @@ def local_spec_config(cfg: JobConfig, on_gpu: Optional[bool] = None) -> Transfor
     return config
 
 
+def local_layer_spec(cfg: JobConfig, spec):
+    """A copy of megatron-core's module-level local spec with torch's core attention (model/attention.py) unless
+    model.attention_backend asks for the unfused one by name."""
+    if core_attention(cfg, on_te_spec=False) != "torch":
+        return spec
+    spec = copy.deepcopy(spec)
+    use_torch_attention([spec])
+    return spec
+
+
+class _BertModel(BertModel):
+    """BertModel taking TorchDotProductAttention for the local DotProductAttention it subclasses: megatron-core
+    0.16.1 picks the mask layout by identity of the spec's class (anything else is taken for TE's)."""
+
+    def _sanity_check_attention_and_get_attn_mask_dimension(self):
+        if self.transformer_layer_spec.submodules.self_attention.submodules.core_attention is TorchDotProductAttention:
+            return "b1ss"          # the local spec's [b, 1, s, s] mask, as for megatron-core's own
+        return super()._sanity_check_attention_and_get_attn_mask_dimension()
+
+
 def build_bert_model(cfg: JobConfig, config: TransformerConfig, *, pre_process: bool = True,
                      post_process: bool = True) -> BertModel:
     binary = cfg.objective.masked_lm.binary_head is not None
-    return BertModel(config=config, num_tokentypes=2 if binary else 0, transformer_layer_spec=bert_layer_local_spec,
-                     add_binary_head=binary, **language_model_args(cfg, pre_process, post_process))
+    return _BertModel(config=config, num_tokentypes=2 if binary else 0,
+                      transformer_layer_spec=local_layer_spec(cfg, bert_layer_local_spec), add_binary_head=binary,
+                      **language_model_args(cfg, pre_process, post_process))
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from . import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
 
-import importlib.util
 from typing import Optional
 
 import torch
@@ -20,21 +19,22 @@ from ..config.mla import mla_config_kwargs
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from . import fusions
+from .attention import use_torch_attention
+from .attention_record import core_attention, require_transformer_engine, te_spec
 from .mla_attention import use_latent_attention
 from .mtp import fit_mtp_stage, mtp_block_spec, mtp_config
-
-
-def has_transformer_engine() -> bool:
-    return importlib.util.find_spec("transformer_engine") is not None
 
 
 def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> TransformerConfig:
     m, p, d, pr = cfg.model, cfg.parallel, cfg.derived, cfg.precision
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     dtype = pr.torch_dtype
-    backend = m.attention_backend
-    if not on_gpu and backend in ("auto", "flash", "fused"):
-        backend = "local"   # flash/fused kernels are CUDA-only; 'local' is megatron-core's torch path
+    # megatron-core's enum only sets TE's NVTE_* switches (process-wide, asserted equal on every later build);
+    # which module runs is model/attention_record.py's call. Without TE's attention it is 'local' whatever the
+    # recipe asks, so that runs sharing a process (tests/run_jobs.py) agree.
+    backend = m.attention_backend if m.attention_backend in ("unfused", "flash", "fused") else "auto"
+    if not on_gpu or not use_transformer_engine(cfg) or core_attention(cfg, True) == "torch":
+        backend = "local"
     kwargs = dict(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -139,16 +139,20 @@ def moe_config(cfg: JobConfig) -> dict:
 
 
 def use_transformer_engine(cfg: JobConfig) -> bool:
-    impl = cfg.model.transformer_impl
-    return impl == "transformer_engine" or (impl == "auto" and has_transformer_engine() and torch.cuda.is_available())
+    return te_spec(cfg)
 
 
 def layer_spec(cfg: JobConfig, config: TransformerConfig, vp_stage: Optional[int] = None):
-    """One layer spec (dense), or the block's per-layer specs (MoE layers where moe.layer_freq says)."""
+    """One layer spec (dense), or the block's per-layer specs (MoE layers where moe.layer_freq says), with the
+    core attention model/attention_record.py decides."""
+    require_transformer_engine(cfg)
+    torch_attention = core_attention(cfg, use_transformer_engine(cfg)) == "torch"
     if cfg.moe.enabled:
         block = get_gpt_decoder_block_spec(config, use_transformer_engine=use_transformer_engine(cfg),
                                            normalization=cfg.model.normalization, vp_stage=vp_stage)
         use_latent_attention(block.layer_specs)      # MLA layers (model/mla_attention.py)
+        if torch_attention:
+            use_torch_attention(block.layer_specs)
         return block
     if use_transformer_engine(cfg):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
@@ -158,6 +162,8 @@ def layer_spec(cfg: JobConfig, config: TransformerConfig, vp_stage: Optional[int
         spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=cfg.model.normalization,
                                         multi_latent_attention=config.multi_latent_attention)
     use_latent_attention([spec])
+    if torch_attention:
+        use_torch_attention([spec])
     return spec
 
 

@@ -21,6 +21,7 @@ from megatron.core.models.T5.t5_spec import decoder_model_with_local_spec, encod
 from megatron.core.transformer import TransformerConfig
 
 from ..config.schema import JobConfig
+from .bert import local_layer_spec
 from .gpt import language_model_args
 
 
@@ -35,8 +36,8 @@ def build_t5_model(cfg: JobConfig, encoder_config: TransformerConfig, *, pre_pro
     return T5Model(
         config=decoder_config(cfg, encoder_config),
         encoder_config=encoder_config,
-        transformer_encoder_layer_spec=encoder_model_with_local_spec(),
-        transformer_decoder_layer_spec=decoder_model_with_local_spec(),
+        transformer_encoder_layer_spec=local_layer_spec(cfg, encoder_model_with_local_spec()),
+        transformer_decoder_layer_spec=local_layer_spec(cfg, decoder_model_with_local_spec()),
         **{**language_model_args(cfg, pre_process, post_process),
            "max_sequence_length": max(d.max_position_embeddings, d.decoder_seq_length)},
     )

@@ -8,6 +8,7 @@ from common.text import human
 
 from ..config.epochs import epoch_lines
 from ..config.schema import JobConfig
+from ..model.attention_record import attention_line
 from ..model.fusions import FUSIONS
 from ..model.inventory import count_params
 
@@ -80,6 +81,7 @@ def run_banner(cfg: JobConfig, engine) -> str:
                        + (f" - {human(max(per_rank))}" if max(per_rank) != min(per_rank) else "")),
         ("precision", f"{cfg.precision.dtype} (precision.dtype)"),
         ("fusions", _fusions_line(engine)),
+        ("attention", attention_line(cfg)),     # the module and kernel that run (model/attention_record.py)
         ("batch", _batch_line(cfg)),
         ("length", f"{d.train_iters:,} steps, {human(d.train_tokens)} tokens; lr {cfg.optim.lr:g} "
                    f"{s.lr_decay_style} to {cfg.optim.min_lr:g}, warmup {s.lr_warmup:,} {s.unit}; "

@@ -55,11 +55,13 @@ def open_appending(path: Path):
 
 class Metrics:
     def __init__(self, cfg: JobConfig, run_dir: Path, enabled: bool, flops_per_token: float,
-                 peak_tflops: Optional[float]):
+                 peak_tflops: Optional[float], first_record: Optional[dict] = None):
         """`flops_per_token`: model FLOPs of one trained token (objectives/task.py); `peak_tflops`: the device's
-        dense peak in the run's precision, None where unknown (CPU): no MFU."""
+        dense peak in the run's precision, None where unknown (CPU): no MFU. `first_record`: what this process's
+        first train record carries beside its numbers (the attention that runs: model/attention_record.py)."""
         self.cfg, self.enabled = cfg, enabled
         self.flops_per_token, self.peak = flops_per_token, peak_tflops
+        self.first_record = dict(first_record or {})
         self.devices = cfg.derived.world_size
         self.window_start, self.window_tokens, self.window_samples = time.perf_counter(), 0, 0
         self.skipped_total = 0
@@ -94,6 +96,8 @@ class Metrics:
                   "tflops_per_device": tflops, "mfu": tflops / self.peak if self.peak else None,
                   "memory_gib": memory_gib() if self.cfg.logging.log_memory else None, "time": time.time()}
         record.update(result.terms)
+        record.update(self.first_record)
+        self.first_record = {}
         if mix_weights is not None:
             record["mix_weights"] = mix_weights
         self.reset_window()

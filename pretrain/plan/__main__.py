@@ -48,6 +48,7 @@ def render(plan: dict) -> str:
         f"  FLOPs per token   {plan['flops_per_token']:.4g} ({formula}; with recompute "
         f"{plan['flops_per_token_hardware']:.4g})",
         f"  FLOPs per step    {plan['flops_per_step']:.4g}",
+        f"  attention         {plan['attention']}",
         f"  memory per GPU    {mem['total']:.2f} GiB = weights {mem['weights']:.2f} + grads {mem['grads']:.2f} "
         f"+ optimizer {mem['optimizer']:.2f} + activations {mem['activations']:.2f}{teacher}"
         + (f" + gathered {mem['gathered']:.2f} " if "gathered" in mem else " ") +

@@ -3,10 +3,10 @@
 Activations of one micro-batch on one rank (one pipeline stage, no CP, no PEFT: objective_problems), from
 memory.py's per-layer formula (Korthikanti et al. 2022, passed in as `layer_bytes` so this module stays
 below memory.py) evaluated at each stack's own sequence length:
-* scores are always materialised: pretrain/model/bert.py and t5.py run megatron-core's local
-  DotProductAttention whatever model.attention_backend says, so each layer keeps its heads x s_q x s_k
-  softmax output (+ dropout mask and output); selective recompute drops them but recomputes one
-  layer's in backward;
+* scores only where model.attention_backend asks for megatron-core's unfused attention (config/attention.py
+  materialises_scores): then each layer keeps its heads x s_q x s_k softmax output (+ dropout mask and
+  output), which selective recompute drops but recomputes one layer's of in backward. By default the models
+  run torch's attention (pretrain/model/attention.py), which keeps none;
 * encoder: num_layers layers at seq_length; T5 decoder: num_decoder_layers layers at decoder_seq_length
   plus, per layer, the cross-attention's norm input, linear_q input, Q, K and V (K and V over the encoder
   tokens), proj input, dropout mask and s_dec x s_enc scores; the encoder output the K/V projections read
@@ -24,14 +24,15 @@ import copy
 import dataclasses
 from typing import Callable
 
+from ..config.attention import materialises_scores
 from ..config.schema import JobConfig
 from ..model.inventory_encdec import gemm_rows
 
 
 def _at(cfg: JobConfig, seq: int) -> JobConfig:
-    """A shallow copy of `cfg` whose layers run `seq` tokens with materialised scores (memory.py's 'unfused')."""
+    """A shallow copy of `cfg` whose layers run `seq` tokens (the scores as memory.py decides for its backend)."""
     out = copy.copy(cfg)
-    out.model = dataclasses.replace(cfg.model, seq_length=seq, attention_backend="unfused")
+    out.model = dataclasses.replace(cfg.model, seq_length=seq)
     return out
 
 
@@ -53,6 +54,8 @@ def _cross_bytes(cfg: JobConfig, granularity: str | None) -> float:
 
 
 def _scores(cfg: JobConfig, s_q: int, s_k: int) -> float:
+    if not materialises_scores(cfg):
+        return 0.0
     m, e = cfg.model, 2 if cfg.precision.half else 4
     drop = (1 + e) if m.attention_dropout > 0 else 0
     return m.num_attention_heads * s_q * s_k * cfg.batch.micro_batch_size * (e + drop) / \

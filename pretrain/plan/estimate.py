@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 from typing import Optional
 
-from ..config.attention import windowed_layers
+from ..config.attention import assumed_attention, windowed_layers
 from ..config.derive import derive
 from ..config.schema import JobConfig
 from ..model.inventory import count_params
@@ -65,6 +65,7 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] =
         "flops_per_token": flops["model"],
         "flops_per_token_hardware": flops["hardware"],
         "windowed_layers": windowed_layers(cfg.model),
+        "attention": assumed_attention(cfg),
         "flops_per_step": flops["model"] * d.tokens_per_step,
         "memory_per_gpu_gib": {k: round(v, 3) for k, v in mem.items() if k != "stage"},
         "memory_stage": mem["stage"],

@@ -24,7 +24,7 @@ Sources (formulas in docs/planner.md):
 """
 from __future__ import annotations
 
-from ..config.attention import window_pattern
+from ..config.attention import materialises_scores, window_pattern
 from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
 from ..model.inventory import embedding_tensors, head_tensors, layer_kinds, layer_tensors, stage_tensors
@@ -119,8 +119,7 @@ def scores_bytes(cfg: JobConfig) -> float:
     the dropout mask and output when attention dropout is on. Selective recompute drops them from what the
     layer keeps, but recomputes them in its backward: one layer's are then alive at a time."""
     m, p = cfg.model, cfg.parallel
-    # data.document_mask on CPU materialises the scores whatever the backend says (pretrain/data/packing.py)
-    if m.attention_backend in ("flash", "fused", "auto") and not doc_mask(cfg):
+    if not materialises_scores(cfg):        # TE's or torch's fused kernels (model/attention_record.py)
         return 0.0
     s, b, e = m.seq_length // p.context_parallel_size, cfg.batch.micro_batch_size, _bytes_per_element(cfg)
     drop = (1 + e) if m.attention_dropout > 0 else 0

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config.attention import causal_pairs, window_pattern
+from ..config.attention import causal_pairs, materialises_scores, window_pattern
 from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
 from ..model.inventory import count_params, layer_tensors
@@ -138,7 +138,7 @@ def shape(cfg: JobConfig) -> Shape:
                  q=m.num_attention_heads * d.kv_channels, kv=d.num_query_groups * d.kv_channels,
                  ffn=ffn, gate=2 if m.activation == "swiglu" else 1,
                  rope=m.position_embedding_type == "rope", seq=m.seq_length, heads=m.num_attention_heads,
-                 unfused=m.attention_backend == "unfused", attn_dropout=m.attention_dropout > 0,
+                 unfused=materialises_scores(cfg), attn_dropout=m.attention_dropout > 0,
                  gemms=tuple((t.shape[0], t.shape[1], t.split) for t in tensors), frozen=cfg.peft.enabled,
                  added=tuple((t.shape[0], t.shape[1], t.split) for t in layer_added_tensors(cfg) if t.matmul),
                  pairs=sum(causal_pairs(m.seq_length, m.window_size if w else None)

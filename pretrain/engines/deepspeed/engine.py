@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ...config.schema import JobConfig
+from ...model.attention_record import attention_record
 from ..base import Engine, Objective, StepResult, label_logprobs
 from ..common import exempt_from_weight_decay, init_distributed
 from . import cpu_compat
@@ -246,7 +247,7 @@ class DeepSpeedEngine(Engine):
     # ---- checkpoints (pretrain/checkpoint/store.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:
         return {"engine": self.name, "precision": self.cfg.precision.dtype, "zero_stage": self.cfg.deepspeed.zero_stage,
-                "layout": self.layout()}
+                "layout": self.layout(), "attention": attention_record(self.cfg)}
 
     def optimizer_kernel(self) -> str:
         return type(self.ds.basic_optimizer).__name__    # under DeepSpeed's ZeRO and mixed-precision wrappers

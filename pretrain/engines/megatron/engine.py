@@ -24,6 +24,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import to_local_if_dtensor
 
 from ...config.schema import JobConfig
+from ...model.attention_record import attention_record
 from ...model.gpt import transformer_config
 from ...model.replicas import check_replicas
 from .. import cpu_compat
@@ -256,6 +257,7 @@ class MegatronEngine(Engine):
     # ---- checkpoints (pretrain/checkpoint/store.py owns directories and loop state) -----------
     def checkpoint_meta(self) -> dict:
         return {"engine": self.name, "precision": self.cfg.precision.dtype, "layout": self.layout(),
+                "attention": attention_record(self.cfg),     # the core attention and kernel this run built
                 "distrib_optim_sharding_type": self.cfg.checkpoint.distrib_optim_sharding_type,
                 **self.objective.checkpoint_meta()}
 

@@ -1,0 +1,220 @@
+"""pretrain/model/attention.py: TorchDotProductAttention (torch's SDPA / FlexAttention) against megatron-core's unfused
+DotProductAttention, built from the same TransformerConfig in one process at TP=1 (TP=2 runs it through the model
+tests: the local spec builds it by default, tests/test_window_attention.py compares TP=2 with TP=1).
+
+Forward output and the gradients of query, key and value agree within 1e-5 in fp32 for causal attention, GQA, a
+sliding-window layer and a global one of the same model, data.document_mask's explicit s x s mask and its packed
+(thd) form, BERT's padding mask (padding queries included) and T5's encoder, decoder and cross-attention masks.
+bf16 stays within 1e-2 of the fp32 reference, relative to its largest value (the precision tests' bf16
+tolerance). FlexAttention's mask functions
+(windows, documents: the CUDA path) run eagerly on CPU, forward only (torch has no FlexAttention backward on CPU).
+"""
+import pytest
+import torch
+
+SEQ, BATCH, HEADS, DIM = 32, 2, 4, 16
+
+
+@pytest.fixture(scope="module")
+def tp1(single_rank_megatron):
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from pretrain.engines import cpu_compat
+    cpu_compat.apply()
+    model_parallel_cuda_manual_seed(1234)
+
+
+def config(groups=HEADS, **kw):
+    from megatron.core.transformer import TransformerConfig
+    return TransformerConfig(num_layers=2, hidden_size=HEADS * DIM, num_attention_heads=HEADS, num_query_groups=groups,
+                             kv_channels=DIM, use_cpu_initialization=True, masked_softmax_fusion=False,
+                             **{"attention_dropout": 0.0, "hidden_dropout": 0.0, **kw})
+
+
+def pair(cfg, mask_type="causal", layer=1):
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from pretrain.model.attention import TorchDotProductAttention
+    kind = AttnMaskType[mask_type]
+    return (DotProductAttention(cfg, layer, kind, "self"), TorchDotProductAttention(cfg, layer, kind, "self"))
+
+
+def inputs(groups=HEADS, sq=SEQ, sk=SEQ, b=BATCH, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, b, h, DIM, generator=g).to(dtype).requires_grad_()
+            for s, h in ((sq, HEADS), (sk, groups), (sk, groups))]
+
+
+def run(module, tensors, mask, **kw):
+    """Output and the query/key/value gradients of a fixed random projection of it."""
+    tensors = [t.detach().clone().requires_grad_() for t in tensors]
+    out = module(*tensors, mask, **kw)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.dtype)
+    (out * weight).sum().backward()
+    return [out.detach().float()] + [t.grad.float() for t in tensors]
+
+
+def assert_equal(ref, new, mask=None, *, tensors, tol=1e-5):
+    a, b = run(ref, tensors, mask), run(new, tensors, mask)
+    diffs = [(x - y).abs().max().item() for x, y in zip(a, b, strict=True)]
+    assert max(diffs) < tol, diffs          # output, d query, d key, d value
+    assert a[0].abs().max() > 0.1           # a real output, not a zero one on both sides
+    return diffs
+
+
+def block_causal(lengths, b=BATCH):
+    """data.document_mask's mask [b, 1, s, s], True = masked: causal within each document of `lengths`."""
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    keep = (doc[:, None] == doc[None, :]) & torch.ones(len(doc), len(doc), dtype=torch.bool).tril()
+    return (~keep).expand(b, 1, -1, -1).contiguous()
+
+
+def test_causal_and_gqa_equal_the_unfused_attention(tp1):
+    for groups in (HEADS, 2, 1):
+        ref, new = pair(config(groups))
+        assert_equal(ref, new, tensors=inputs(groups))
+
+
+def test_windowed_and_global_layers_equal_the_unfused_attention(tp1):
+    cfg = config(2, window_size=(5, 0), window_attn_skip_freq=[1, 0])
+    for layer, window in ((1, 5), (2, None)):
+        ref, new = pair(cfg, layer=layer)
+        assert new.window == window and ref.scale_mask_softmax.window_size == ((5, 0) if window else None)
+        assert_equal(ref, new, tensors=inputs(2))
+
+
+def test_document_mask_and_its_packed_form_equal_the_unfused_attention(tp1):
+    from megatron.core.packed_seq_params import PackedSeqParams
+    lengths = [5, 11, 1, 15]
+    ref, new = pair(config(2))
+    assert_equal(ref, new, block_causal(lengths), tensors=inputs(2))
+    cu = torch.tensor([0, 5, 16, 17, 32], dtype=torch.int32)
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=15, max_seqlen_kv=15)
+    tensors = inputs(2, b=1)
+    want = run(ref, tensors, block_causal(lengths, b=1))
+    got = run(new, [t.detach().squeeze(1) for t in tensors], None, packed_seq_params=packed)  # thd: [t, heads, dim]
+    assert got[0].shape == (SEQ, HEADS * DIM)
+    diffs = [(x.reshape(y.shape) - y).abs().max().item() for x, y in zip(got, want, strict=True)]
+    assert max(diffs) < 1e-5, diffs
+
+
+def test_bert_and_t5_masks_equal_the_unfused_attention(tp1):
+    real = torch.ones(BATCH, SEQ, dtype=torch.bool)
+    real[0, 20:] = False                            # a padded row: its padding queries see no key at all
+    padding = ~(real[:, None, :, None] & real[:, None, None, :])
+    ref, new = pair(config(), "padding")
+    assert_equal(ref, new, padding, tensors=inputs())
+    from pretrain.model.t5 import t5_attention_masks
+    dec_real = torch.ones(BATCH, 24, dtype=torch.bool)
+    dec_real[1, 18:] = False
+    encoder, decoder, cross = t5_attention_masks(real, dec_real)
+    ref, new = pair(config(), "padding")
+    assert_equal(ref, new, encoder, tensors=inputs())
+    assert_equal(ref, new, cross, tensors=inputs(sq=24, sk=SEQ))
+    ref, new = pair(config(), "causal")
+    assert_equal(ref, new, decoder, tensors=inputs(sq=24, sk=24))
+
+
+def test_bf16_is_within_the_precision_tolerance_of_fp32(tp1):
+    ref, _ = pair(config(2))
+    _, new = pair(config(2, bf16=True, params_dtype=torch.bfloat16))
+    fp32 = inputs(2)
+    want = run(ref, fp32, None)
+    got = run(new, [t.detach().bfloat16() for t in fp32], None)
+    diffs = [((x - y).abs().max() / x.abs().max()).item() for x, y in zip(want, got, strict=True)]
+    assert max(diffs) < 1e-2 and min(diffs) > 0, diffs       # bf16 rounding is there, and small (relative)
+
+
+def test_dropout_draws_from_the_tensor_parallel_stream(tp1):
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    _, new = pair(config(attention_dropout=0.5))
+    tensors = [t.detach() for t in inputs()]
+    new.eval()
+    plain = new(*tensors, None)
+    new.train()
+    draws = []
+    for _ in range(2):
+        model_parallel_cuda_manual_seed(99)
+        draws.append(new(*tensors, None))
+    assert torch.equal(draws[0], draws[1])                   # the same seed, the same mask
+    assert (draws[0] - plain).abs().max() > 0.1              # and dropout is applied
+
+
+def test_flex_mask_functions_equal_the_unfused_attention(tp1, monkeypatch):
+    """The CUDA path (FlexAttention) with the eager kernel on CPU: forward only."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from pretrain.model import attention
+    monkeypatch.setattr(attention, "uses_flex", lambda device, dropout: True)
+    monkeypatch.setattr(attention, "_compiled_flex", lambda: flex_attention)
+    ref, new = pair(config(2, window_size=(5, 0), window_attn_skip_freq=[1, 0]))
+    tensors = [t.detach() for t in inputs(2)]
+    with torch.no_grad():
+        assert (ref(*tensors, None) - new(*tensors, None)).abs().max() < 1e-5
+    lengths = [5, 11, 1, 15]
+    cu = torch.tensor([0, 5, 16, 17, 32], dtype=torch.int32)
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=15, max_seqlen_kv=15)
+    ref, new = pair(config(2))
+    tensors = [t.detach() for t in inputs(2, b=1)]
+    with torch.no_grad():
+        want = ref(*tensors, block_causal(lengths, b=1))
+        got = new(*[t.squeeze(1) for t in tensors], None, packed_seq_params=packed)
+    assert (want.reshape(got.shape) - got).abs().max() < 1e-5
+
+
+def test_the_record_names_the_module_and_kernel_that_run(monkeypatch):
+    from pretrain.config.compose import load_recipe
+    from pretrain.model.attention_record import attention_record
+    record = attention_record(load_recipe("gpt-tiny"))
+    assert record == {"attention_backend": "auto", "layer_spec": "local",
+                      "core_attention": "TorchDotProductAttention (pretrain/model/attention.py)",
+                      "kernel": "torch causal: SDPA flash"}            # torch's CPU flash kernel
+    assert attention_record(load_recipe("llama-tiny-swa"))["kernel"].endswith(
+        "windowed layers: SDPA flash with the window mask")
+    assert attention_record(load_recipe("gpt-tiny", ["model.attention_dropout=0.1"]))["kernel"] == \
+        "torch causal: SDPA math"                                     # no CPU flash kernel with dropout: said so
+    unfused = attention_record(load_recipe("gpt-tiny", ["model.attention_backend=unfused"]))
+    assert unfused["core_attention"] == "megatron-core DotProductAttention" and unfused["kernel"].startswith("unfused")
+    big = attention_record(load_recipe("llama-8b"))           # a GPU recipe composed here (no TE, no CUDA)
+    assert big["layer_spec"] == "local" and big["core_attention"].startswith("TorchDotProductAttention")
+
+
+def test_transformer_engine_asked_for_and_absent_is_refused_before_the_model_is_built(monkeypatch):
+    from common.config import ConfigError
+    from launch.doctor import _attention_row
+    from pretrain.config.compose import load_recipe
+    from pretrain.model import attention_record
+    from pretrain.model.gpt import layer_spec
+    monkeypatch.setattr(attention_record, "has_transformer_engine", lambda: False)
+    cfg = load_recipe("gpt-tiny", ["model.transformer_impl=transformer_engine"])
+    with pytest.raises(ConfigError, match="the Python package transformer_engine is not importable") as err:
+        layer_spec(cfg, None)
+    assert "Fix: install the GPU extra" in str(err.value)
+    assert _attention_row(cfg)[1] == "refused"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model.transformer_impl=local", "model.attention_backend=flash"], "Fix: model.attention_backend=torch"),
+    (["model.attention_backend=te"], "Transformer Engine's attention is CUDA-only"),
+    (["model.attention_backend=sdpa"], "model.attention_backend='sdpa' is not one of"),
+])
+def test_attention_backend_rules_fire_at_compose_time(overrides, message):
+    from common.config import ConfigError
+    from pretrain.config.compose import load_recipe
+    with pytest.raises(ConfigError, match="model.attention_backend") as err:
+        load_recipe("gpt-tiny", overrides)
+    assert message in str(err.value)
+
+
+def test_the_plan_models_and_names_the_path_that_runs():
+    from pretrain.config.compose import load_recipe
+    from pretrain.plan.__main__ import render
+    from pretrain.plan.estimate import make_plan
+    fused, unfused = (make_plan(load_recipe("llama-8b", o)) for o in ([], ["model.attention_backend=unfused"]))
+    assert fused["attention"].startswith("fused") and unfused["attention"].startswith("unfused")
+    assert "  attention         fused flash-style kernel" in render(fused)
+    # the unfused path keeps the s x s scores and times the full square: more memory, a longer step
+    assert unfused["memory_per_gpu_gib"]["activations"] > fused["memory_per_gpu_gib"]["activations"]
+    assert unfused["mfu"] < fused["mfu"] and unfused["time_to_budget_hours"] > fused["time_to_budget_hours"]
