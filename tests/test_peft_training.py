@@ -48,9 +48,10 @@ def teacher_run(root, runs):
 
 @shared_runs(nproc=1, needs=["layout_runs"])
 def peft_one(root, runs):
-    """Each method on 1 process from the same base; the base itself at LR 0 on the same batches."""
+    """Each method on 1 process from the same base; the base itself, unchanged, on the same batches: an LR of
+    1e-30 (LR 0 is refused at compose time) moves no fp32 weight, its update rounding away."""
     layout = runs["layout_runs"]
-    frozen = ["optim.lr=0.0", "optim.min_lr=0.0"]
+    frozen = ["optim.lr=1e-30", "optim.min_lr=0.0"]
     save = ["checkpoint.save_interval=5", "checkpoint.save_final=true"]
     return {"base": SHORT + frozen + [f"checkpoint.load={base_of(layout)}", "checkpoint.load_weights_only=true"],
             "lora": SHORT + save + peft("lora", layout),

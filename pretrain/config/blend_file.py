@@ -11,6 +11,7 @@ Standard library, OmegaConf and common/ only (the ground floor: tests/test_archi
 """
 from __future__ import annotations
 
+import functools
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -66,6 +67,17 @@ def _written_tokenizer(preprocess: Optional[str]) -> Optional[str]:
         return None
     path = Path(preprocess) if preprocess.endswith((".yaml", ".yml")) else \
         REPO_ROOT / "preprocessing" / "conf" / f"{preprocess}.yaml"
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    return _tokenizer_path_in(str(path), stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _tokenizer_path_in(path: str, mtime_ns: int) -> Optional[str]:
+    """One read per file version: `make plan SEARCH=1` validates ~13,000 layouts of one recipe (0.6 s -> 37 s of
+    YAML parsing when each read the file again)."""
     try:
         found = OmegaConf.select(OmegaConf.load(path), "tokenizer.path", throw_on_missing=False)
     except Exception:                   # any unreadable file: no rule here, the pipeline names the problem
