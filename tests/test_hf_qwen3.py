@@ -74,11 +74,40 @@ def test_qwen3_imports_and_exports_with_transformers_logits(recipe, single_rank_
         assert (back(ids).logits.float() - mine).abs().max().item() < 1e-4
     first, again = load_file(tmp_path / "hf" / "model.safetensors"), load_file(out / "model.safetensors")
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
+    check_trains_and_exports(cfg, tmp_path, ids, tokenizer)
     if cfg.moe.enabled:
         assert (back.config.num_experts, back.config.num_experts_per_tok, back.config.norm_topk_prob,
                 back.config.moe_intermediate_size) == (4, 2, True, 128)
     else:
         assert back.config.tie_word_embeddings and back.config.head_dim == 48
+
+
+def check_trains_and_exports(cfg, tmp_path, ids, tokenizer):
+    """Continued pretraining from the import: 10 steps in this process with falling loss, then the trained
+    checkpoint exports to logits within 1e-4 of the trained model's own."""
+    from transformers import AutoModelForCausalLM
+
+    from pretrain.checkpoint.store import resolve
+    from pretrain.config.compose import load_recipe
+    from pretrain.hf.convert import export, model_state
+    from pretrain.train import trainer_for
+    from tests.test_export import our_logits, ours
+    from tests.training import records
+    run = tmp_path / "run"
+    job = load_recipe(cfg.name, [*SMALL, f"data.tokenizer.path={tokenizer}", "schedule.train_iters=10",
+                                 "schedule.lr_warmup=2", "logging.log_interval=1", "eval.eval_interval=0",
+                                 "eval.final_test=false", "logging.tensorboard=false", f"run_dir={run}",
+                                 f"checkpoint.load={tmp_path / 'imported'}", "checkpoint.load_weights_only=true"])
+    trainer_for(job, run).train()
+    losses = [r["loss"] for r in records(run)]
+    assert len(losses) == 10 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.1, losses
+    trained = resolve(run / "checkpoints")
+    assert trained.meta["step"] == 10
+    mine = our_logits(ours(model_state(trained, job), job), ids)[..., :VOCAB]
+    out = export(trained.path, tmp_path / "trained-hf")
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (hf(ids).logits.float() - mine).abs().max().item() < 1e-4
 
 
 def test_qwen3_fields_no_recipe_reproduces_are_refused_by_name(tmp_path):
