@@ -58,8 +58,9 @@ def for_directory(hf_config, cfg: JobConfig) -> Exporter:
     exporter = for_recipe(cfg)
     theirs = (getattr(hf_config, "architectures", None) or ["?"])[0]
     if exporter.from_hf is None:
+        readable = sorted(a for e in all_exporters() if e.from_hf for a in e.architectures)
         raise ValueError(f"recipe {cfg.name} belongs to the {exporter.name} family, which has no import "
-                         f"(make import-hf reads {sorted(a for e in all_exporters() if e.from_hf for a in e.architectures)})")
+                         f"(make import-hf reads {readable})")
     if theirs not in exporter.architectures:
         others = [e.name for e in all_exporters() if theirs in e.architectures]
         raise ValueError(f"the directory holds {theirs}, recipe {cfg.name} is of the {exporter.name} family "

@@ -99,8 +99,9 @@ def mismatch(config, cfg: JobConfig) -> str:
             problems.append(f"num_experts_per_tok={config.num_experts_per_tok}, the recipe's moe.router_topk="
                             f"{moe.router_topk}. Fix: moe.router_topk={config.num_experts_per_tok}")
         if bool(config.norm_topk_prob) == moe.pre_softmax:
-            problems.append(f"norm_topk_prob={str(config.norm_topk_prob).lower()}, the recipe has moe.pre_softmax="
-                            f"{str(moe.pre_softmax).lower()}. Fix: moe.pre_softmax={str(not config.norm_topk_prob).lower()}")
+            theirs = str(bool(config.norm_topk_prob)).lower()
+            problems.append(f"norm_topk_prob={theirs}, the recipe has moe.pre_softmax={str(moe.pre_softmax).lower()}. "
+                            f"Fix: moe.pre_softmax={str(not config.norm_topk_prob).lower()}")
     return "; ".join(filter(None, problems + [hf_mapping.rope_mismatch(config, cfg)]))
 
 
