@@ -111,7 +111,10 @@ def check_trains_and_exports(cfg, tmp_path, ids, tokenizer):
 
 
 def test_qwen3_fields_no_recipe_reproduces_are_refused_by_name(tmp_path):
+    import json
+
     from pretrain.hf.convert import import_hf, mapping
+    from pretrain.model.hf_mapping import from_hf
     cfg = load_recipe("qwen3-moe-tiny", SMALL)
     for recipe, override, named in (("qwen3-moe-tiny", ["moe.shared_expert_ffn_hidden_size=128"],
                                      "moe.shared_expert_ffn_hidden_size"),
@@ -136,7 +139,20 @@ def test_qwen3_fields_no_recipe_reproduces_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="holds Qwen3MoeForCausalLM, recipe llama-tiny is of the llama family "
                                          r"\(LlamaForCausalLM\). Fix: a recipe of the qwen3_moe family"):
         import_hf(tmp_path / "moe", load_recipe("llama-tiny", SMALL), tmp_path / "refused")
+    one_layer = load_recipe("qwen3-moe-tiny", [*SMALL, "model.num_layers=1"])
+    written = json.loads((tmp_path / "moe" / "config.json").read_text())
+    quantized = {**written, "quantization_config": {"quant_method": "fp8"}}
+    (tmp_path / "moe" / "config.json").write_text(json.dumps(quantized))
+    with pytest.raises(ValueError, match="does not fit recipe qwen3-moe-tiny: quantization_config is set"):
+        import_hf(tmp_path / "moe", one_layer, tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
+    state = Qwen3MoeForCausalLM(config).state_dict()
+    with pytest.raises(ValueError, match=r"1 tensors of the HF model have no place in the recipe's model: "
+                                         r"\['model.layers.0.self_attn.q_proj.bias'\]"):
+        from_hf({**state, "model.layers.0.self_attn.q_proj.bias": torch.zeros(288)}, one_layer)
+    with pytest.raises(ValueError, match=r"the HF model lacks 1 tensors the recipe's model has: "
+                                         r"\['model.layers.0.self_attn.k_norm.weight'\]"):
+        from_hf({k: v for k, v in state.items() if "k_norm" not in k}, one_layer)
 
 
 PUBLISHED = {"qwen3-0.6b": "Qwen3ForCausalLM", "qwen3-8b": "Qwen3ForCausalLM", "qwen3-30b-a3b": "Qwen3MoeForCausalLM"}
