@@ -11,8 +11,10 @@ model is held in host memory once (plus the megatron engine's optimizer wrappers
 tokenizer the run trained with is saved beside the weights; export.json says where they
 came from. Recipe features the target architecture cannot express are refused by name.
 
-Import writes a megatron-engine checkpoint (step 0) from an HF GPT-2/Llama/Mixtral directory; start
-a run from it at any layout with `checkpoint.load=<dir> checkpoint.load_weights_only=true`.
+Import writes a megatron-engine checkpoint (step 0) from an HF directory of a family with an import
+(GPT-2, Llama, Ministral, Mixtral, Qwen3, Qwen3-MoE); start a run from it at any layout with
+`checkpoint.load=<dir> checkpoint.load_weights_only=true`. Each family is an `Exporter` in pretrain/hf/families/
+(pretrain/hf/exporters.py); this file holds none of them.
 """
 from __future__ import annotations
 
@@ -33,21 +35,17 @@ from ..checkpoint.store import Checkpoint, CheckpointStore, resolve
 from ..config.compose import finalize, load_recipe
 from ..config.schema import JobConfig
 from ..data.tokenizer import run_tokenizer
-from ..model import hf_mapping
-from ..model.hf_mapping import State, from_hf, rope_mismatch, window_mismatch
+from ..model.hf_mapping import State
 from ..peft.registry import PEFT_METHODS
-from . import bert_export, deepseek_export
+from .exporters import Exporter, for_directory, for_recipe
 from .mtp_export import drop_mtp, note_text
 
-ENCODERS = ("bert", "t5")          # model.arch values whose export is bert_export's (T5: refused there)
+REFUSED_FIELDS = ("quantization_config",)       # HF config fields no import reproduces: refused by name
 
 
-def mapping(cfg: JobConfig):
-    """The module that maps a recipe's state to transformers: hf_mapping (GPT-2, Llama, Mixtral), deepseek_export
-    (multi-head latent attention) or bert_export."""
-    if cfg.model.mla.enabled:
-        return deepseek_export
-    return bert_export if cfg.model.arch in ENCODERS else hf_mapping
+def mapping(cfg: JobConfig) -> Exporter:
+    """The exporter of the recipe's model family (pretrain/hf/families/)."""
+    return for_recipe(cfg)
 
 
 def config_of(ck: Checkpoint) -> JobConfig:
@@ -122,15 +120,7 @@ def hf_model_class(cfg: JobConfig):
 
 def architecture(cfg: JobConfig) -> str:
     """The transformers class a recipe exports to."""
-    if cfg.model.arch in ENCODERS:
-        return bert_export.architecture(cfg)
-    if cfg.model.mla.enabled:
-        return deepseek_export.architecture(cfg)
-    if cfg.model.arch == "gpt":
-        return "GPT2LMHeadModel"
-    if cfg.moe.enabled:
-        return "MixtralForCausalLM"
-    return "MinistralForCausalLM" if cfg.model.window_size is not None else "LlamaForCausalLM"
+    return for_recipe(cfg).architecture(cfg)
 
 
 def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = None) -> Path:
@@ -172,21 +162,28 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
 
 
 def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
-    """An HF GPT-2/Llama/Mixtral directory -> a megatron-engine checkpoint (step 0) of recipe `cfg`."""
+    """An HF directory of the recipe's family -> a megatron-engine checkpoint (step 0) of recipe `cfg`."""
 
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..engines.megatron.checkpointing import unwrap
-    if cfg.model.arch in ENCODERS:
-        raise ValueError(f"make import-hf reads GPT-2, Llama and Mixtral directories; recipe {cfg.name} has "
-                         f"model.arch={cfg.model.arch}, which has no import. Fix: a GPT or Llama recipe.")
-    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype="float32")
-    mismatch = "; ".join(filter(None, [window_mismatch(hf.config, cfg), rope_mismatch(hf.config, cfg)]))
+    config = AutoConfig.from_pretrained(str(hf_dir))
+    try:
+        exporter = for_directory(config, cfg)
+    except ValueError as err:
+        raise ValueError(f"{hf_dir}: {err}") from None
+    refused = [f for f in REFUSED_FIELDS if getattr(config, f, None)]
+    mismatch = "; ".join(filter(None, [f"{f} is set (no import reproduces it: load the unquantised weights)"
+                                       for f in refused] + [exporter.mismatch(config, cfg)]))
     if mismatch:
         raise ValueError(f"{hf_dir} does not fit recipe {cfg.name}: {mismatch}")
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype="float32")
     engine = megatron_engine(cfg)
     model = unwrap(engine.model[0])
-    ours = from_hf(hf.state_dict(), engine.cfg)
+    try:
+        ours = exporter.from_hf(hf.state_dict(), engine.cfg)
+    except ValueError as err:
+        raise ValueError(f"{hf_dir} does not fit recipe {cfg.name}: {err}") from None
     expected = {k for k in model.state_dict() if not k.endswith("_extra_state")}
     if set(ours) != expected:
         raise ValueError(f"{hf_dir} does not fit recipe {cfg.name}: keys differ "

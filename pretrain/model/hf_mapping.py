@@ -41,9 +41,15 @@ GROUPED_EXPERT = re.compile(r"mlp\.experts\.(linear_fc[12])\.weight(\d+)$")     
 
 
 def unsupported(cfg: JobConfig) -> List[str]:
-    """Recipe features the target HF architecture cannot express (export refuses them)."""
+    """Recipe features GPT-2, Llama, Ministral or Mixtral cannot express (export refuses them)."""
+    return dense_unsupported(cfg) + (moe_unsupported(cfg) if cfg.model.arch != "gpt" else [])
+
+
+def dense_unsupported(cfg: JobConfig, qk_norm: bool = False) -> List[str]:
+    """What of a recipe's attention, norms and MLP the GPT-2 or Llama layout cannot express; `qk_norm`: the target
+    normalises queries and keys per head as megatron-core's qk_layernorm does (Qwen3)."""
     m, problems = cfg.model, []
-    if m.qk_layernorm:
+    if m.qk_layernorm and not qk_norm:
         problems.append("model.qk_layernorm=true (neither GPT-2 nor Llama normalises queries/keys)")
     if m.embedding_layernorm:
         problems.append("model.embedding_layernorm=true (no embedding norm in GPT-2 or Llama)")
@@ -53,8 +59,6 @@ def unsupported(cfg: JobConfig) -> List[str]:
     if m.window_size is not None and m.arch == "gpt":
         problems.append("model.window_size on the GPT layout (GPT-2 has no local layers; GPT-Neo, the GPT-2-like "
                         "architecture with them, has no q/k/v biases and does not scale scores by 1/sqrt(d))")
-    if m.window_size is not None and cfg.moe.enabled:
-        problems.append("model.window_size with MoE (Mixtral's sliding_window covers every layer: no global ones)")
     if m.arch == "gpt":
         if m.position_embedding_type != "learned_absolute":
             problems.append(f"model.position_embedding_type={m.position_embedding_type} (GPT-2 has learned positions)")
@@ -63,7 +67,6 @@ def unsupported(cfg: JobConfig) -> List[str]:
         if cfg.derived.num_query_groups != m.num_attention_heads:
             problems.append("GQA (model.num_query_groups) on the GPT-2 architecture")
     else:
-        problems += moe_unsupported(cfg)
         if m.position_embedding_type != "rope" or m.rotary_percent != 1.0:
             problems.append("Llama needs RoPE on the whole head (model.position_embedding_type=rope, rotary_percent=1)")
         if m.normalization != "RMSNorm" or m.activation != "swiglu" or m.add_bias_linear:
@@ -140,6 +143,8 @@ def moe_unsupported(cfg: JobConfig) -> List[str]:
     moe, problems = cfg.moe, []
     if not moe.enabled:
         return problems
+    if cfg.model.window_size is not None:
+        problems.append("model.window_size with MoE (Mixtral's sliding_window covers every layer: no global ones)")
     if cfg.model.arch != "llama":
         problems.append("moe.num_experts on the GPT-2 architecture (MoE exports to Mixtral: a Llama-layout recipe)")
     if moe.first_dense_layers or moe.layer_freq != 1:
@@ -245,6 +250,9 @@ def rules(cfg: JobConfig, vocab_size: int) -> List[Rule]:
                 table.append(((f"{ours}{a}.weight",), (f"{hf}{b}.weight",), _same, _same))
             table.append(((f"{ours}self_attention.linear_qkv.weight",),
                           tuple(f"{hf}self_attn.{x}_proj.weight" for x in "qkv"), qkv_split, qkv_join))
+            if m.qk_layernorm:      # per-head RMSNorm of q and k before RoPE, in both (Qwen3's q_norm, k_norm)
+                table += [((f"{ours}self_attention.{x}_layernorm.weight",), (f"{hf}self_attn.{x}_norm.weight",),
+                           _same, _same) for x in "qk"]
             if moe_layers[i]:
                 table += _expert_rules(cfg.moe.num_experts, ours, hf)
                 continue
@@ -284,13 +292,35 @@ def from_hf(hf: State, cfg: JobConfig) -> State:
     hf = {k: v.detach().float().cpu() for k, v in hf.items()}
     vocab = hf["transformer.wte.weight" if cfg.model.arch == "gpt" else "model.embed_tokens.weight"].shape[0]
     s: State = {}
-    for ours, theirs, _, backward in rules(cfg, vocab):
+    used = {"lm_head.weight"} if not cfg.model.untie_embeddings_and_output_weights else set()   # the tied copy
+    table = rules(cfg, vocab)
+    absent = [k for _, theirs, _, _ in table for k in theirs if k not in hf]
+    if absent:
+        raise ValueError(f"the HF model lacks {len(absent)} tensors the recipe's model has: {absent[:4]}. "
+                         "Fix: a recipe with the same features (qk_layernorm, moe layers, untied embeddings, ...)")
+    for ours, theirs, _, backward in table:
         s.update(zip(ours, backward(*(hf[k] for k in theirs)), strict=True))
+        used.update(theirs)
+    left = sorted(set(hf) - used)
+    if left:            # a tensor the recipe has no place for (biases, extra norms) is refused, never dropped
+        raise ValueError(f"{len(left)} tensors of the HF model have no place in the recipe's model: {left[:4]}. "
+                         "Fix: a recipe with the same features (add_bias_linear, qk_layernorm, ...)")
     return {k: v.contiguous() for k, v in s.items()}
 
 
+def llama_fields(cfg: JobConfig, vocab_size: int, bos: int, eos: int) -> dict:
+    """The config fields every Llama-layout family (Llama, Ministral, Mixtral, Qwen3, Qwen3-MoE) shares."""
+    m, d = cfg.model, cfg.derived
+    return dict(vocab_size=vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+                num_attention_heads=m.num_attention_heads, num_key_value_heads=d.num_query_groups,
+                head_dim=d.kv_channels, max_position_embeddings=d.max_position_embeddings,
+                rms_norm_eps=m.layernorm_epsilon, rope_parameters=rope_parameters(m), hidden_act="silu",
+                initializer_range=m.init_method_std, tie_word_embeddings=not m.untie_embeddings_and_output_weights,
+                bos_token_id=bos, eos_token_id=eos)
+
+
 def hf_config(cfg: JobConfig, vocab_size: int, bos: int, eos: int):
-    """The transformers config of the exported model."""
+    """The transformers config of the exported model (GPT-2, Llama, Ministral, Mixtral)."""
     m, d = cfg.model, cfg.derived
     tied = not m.untie_embeddings_and_output_weights
     if m.arch == "gpt":
@@ -302,12 +332,7 @@ def hf_config(cfg: JobConfig, vocab_size: int, bos: int, eos: int):
                           initializer_range=m.init_method_std, scale_attn_weights=True,
                           tie_word_embeddings=tied, bos_token_id=bos, eos_token_id=eos,
                           architectures=["GPT2LMHeadModel"])
-    common = dict(vocab_size=vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-                  num_attention_heads=m.num_attention_heads, num_key_value_heads=d.num_query_groups,
-                  head_dim=d.kv_channels, max_position_embeddings=d.max_position_embeddings,
-                  rms_norm_eps=m.layernorm_epsilon,
-                  rope_parameters=rope_parameters(m), hidden_act="silu",
-                  initializer_range=m.init_method_std, tie_word_embeddings=tied, bos_token_id=bos, eos_token_id=eos)
+    common = llama_fields(cfg, vocab_size, bos, eos)
     moe = cfg.moe
     if moe.enabled:
         from transformers import MixtralConfig
