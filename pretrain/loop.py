@@ -50,6 +50,10 @@ class RunStopped(RuntimeError):
     is the report."""
 
 
+class DataChanged(RunStopped):
+    """A full resume would continue on other data than its checkpoint's (exit 5, stability/exit_codes.py)."""
+
+
 class Trainer:
     def __init__(self, cfg: JobConfig, engine: Engine, run_dir: Path, task: Task):
         """`task`: what `engine` trains (objectives/task.py build_task), built once before the engine."""
@@ -84,7 +88,7 @@ class Trainer:
         self.data_identity = from_rank0(lambda: data_identity(cfg))   # recorded in every save, checked on resume
         self.recovery = Recovery()
         self.guard = SpikeGuard(cfg)
-        self.faults = FaultDrill(cfg.fault, engine, cfg.model.vocab_size)
+        self.faults = FaultDrill(cfg.fault, engine, cfg.model.vocab_size, self.run_dir)
         self.preemption = PreemptionFlag(self.run_dir / "preempt.flag")
         self.straggler = StragglerDetector(cfg, self.metrics)     # times data wait and compute; straggler.*
         self.hooks = Hooks([])               # the loop's observers, built when train() starts
@@ -129,13 +133,14 @@ class Trainer:
 
     def _same_data(self, found) -> None:
         """A full resume continues at consumed_samples in an order built from the blend's files: on other files
-        that position means other samples. Refused (exit 3) unless checkpoint.allow_data_change, then recorded."""
+        that position means other samples. Refused (DataChanged, exit 5) unless checkpoint.allow_data_change, then
+        recorded."""
         changed = differences(found.meta.get("data"), self.data_identity)
         if not changed:
             return
         step = found.meta["loop"]["step"]
         if not self.cfg.checkpoint.allow_data_change:
-            raise RunStopped(f"{found.path} was saved on other data than {self.cfg.data.blend} gives now: "
+            raise DataChanged(f"{found.path} was saved on other data than {self.cfg.data.blend} gives now: "
                              + "; ".join(changed) + ". Resuming would continue at its data position in another "
                              "sample order. Fix: restore the files and settings it trained on, or pass "
                              "checkpoint.allow_data_change=true to continue on the new data on purpose (recorded as "

@@ -161,8 +161,9 @@ def validate(cfg: JobConfig) -> None:
     cl = cfg.cluster
     for problem in sbatch_problems("cluster", cl, {"name": cfg.name, "run_dir": cfg.run_dir}):
         add(problem)
-    if cl.launcher != "local" and (cl.max_restarts < 0 or cl.chain_jobs < 0):
-        add(f"cluster.max_restarts={cl.max_restarts} and cluster.chain_jobs={cl.chain_jobs} must be >= 0.")
+    if cl.launcher != "local" and (cl.max_restarts < 0 or cl.chain_jobs < 0 or cl.restart_backoff_s < 0):
+        add(f"cluster.max_restarts={cl.max_restarts}, cluster.chain_jobs={cl.chain_jobs} and cluster.restart_backoff_s="
+            f"{cl.restart_backoff_s} must be >= 0.")
 
     # World and batch
     world = cfg.cluster.nodes * cfg.cluster.devices_per_node
