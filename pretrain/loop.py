@@ -23,6 +23,7 @@ from common.files import write_atomic
 
 from .checkpoint.meta import LoopState, checkpoint_meta
 from .checkpoint.store import CheckpointStore, Decision, agreed_load
+from .checkpoint.timed import TimedSaves
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
 from .data.datasets import BatchSource, StepBatches, eval_batches, split_sizes
@@ -85,6 +86,7 @@ class Trainer:
                                      checksums=c.checksums, keep_every=c.keep_every, digests=c.digests,
                                      writer_of=engine.checkpoint_writer)
         self.saved_step = -1
+        self.timed_saves = TimedSaves(c.save_interval_minutes)
         self.data_identity = from_rank0(lambda: data_identity(cfg))   # recorded in every save, checked on resume
         self.recovery = Recovery()
         self.guard = SpikeGuard(cfg)
@@ -251,6 +253,7 @@ class Trainer:
 
         self.engine.save_checkpoint(directory, on_done=commit)
         self.saved_step = step
+        self.timed_saves.saved()
         self.metrics.reset_window()          # throughput excludes the (blocking part of the) save
         return True
 
@@ -269,7 +272,8 @@ class Trainer:
                 return False
         if self.downstream is not None and self.downstream.due(st.step, final):
             self.downstream.run(st.step)          # the weights the save below writes
-        due = (interval > 0 and st.step % interval == 0) or (final and cfg.checkpoint.save_final)
+        due = ((interval > 0 and st.step % interval == 0) or (final and cfg.checkpoint.save_final)
+               or self.timed_saves.due())        # evaluated alike on every rank: the same collectives
         if due and self.saved_step != st.step and not self.save(valid):
             self.rollback("nonfinite_weights")
             return False

@@ -251,6 +251,9 @@ class DataConfig:
 @dataclass
 class CheckpointConfig:
     save_interval: int = doc(1000, "Save every N steps; 0 disables periodic saves.")
+    save_interval_minutes: float = doc(60.0, "Also save when this many minutes of wall time passed since the last "
+                                             "save (rank 0's clock, broadcast), bounding the work a fault loses; 0 "
+                                             "off.")
     save_final: bool = doc(True, "Save when training ends.")
     dir: Optional[str] = doc(None, "Checkpoint directory; null means <run_dir>/checkpoints. A run resumes from its "
                                    "newest intact checkpoint here.")

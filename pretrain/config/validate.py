@@ -158,6 +158,10 @@ def validate(cfg: JobConfig) -> None:
         elif min(stages) > 0 and any(n % vpp for n in stages):
             add(f"parallel.virtual_pipeline_model_parallel_size={vpp} does not divide the layers per stage {stages}.")
 
+    if cfg.checkpoint.save_interval_minutes < 0:
+        add(f"checkpoint.save_interval_minutes={cfg.checkpoint.save_interval_minutes} must be >= 0 (0: saves by steps "
+            "only).")
+
     cl = cfg.cluster
     for problem in sbatch_problems("cluster", cl, {"name": cfg.name, "run_dir": cfg.run_dir}):
         add(problem)
