@@ -344,3 +344,26 @@ def test_set_aside_checkpoints_keep_stopping_relaunches_and_a_data_change_is_all
     Trainer._same_data(stub, found)
     assert stub.events[-1] == {"kind": "data_changed", "step": 2, "checkpoint": str(found.path),
                                "changes": ["train_text_document: documents 40 -> 50"]}
+
+
+def test_a_restart_takes_the_index_digests_from_the_cache_until_a_file_changes(tmp_path, monkeypatch):
+    """Rank 0 hashes every .idx at every start while the others wait: cached by path, size, mtime and inode in
+    the data cache dir, a second start hashes none; a rewritten index is hashed again."""
+    import pretrain.data.identity as identity_module
+    from pretrain.config.compose import load_recipe
+    root = tmp_path / "data"
+    root.mkdir()
+    tiny_blend(root, {s: ["w1 w2 w3 w4"] * 10 for s in ("train", "valid", "test")})
+    hashed = []
+    real = identity_module.xxh3
+    monkeypatch.setattr(identity_module, "xxh3", lambda path: hashed.append(Path(path).name) or real(path))
+    cfg = load_recipe("gpt-tiny", [f"data.blend={root / 'blend.json'}", f"data.tokenizer.path={root / 'tok'}",
+                                   "schedule.train_iters=2", f"data.cache_dir={tmp_path / 'cache'}"])
+    first = identity_module.data_identity(cfg)
+    assert sorted(hashed) == ["test_text_document.idx", "train_text_document.idx", "valid_text_document.idx"]
+    assert identity_module.data_identity(cfg) == first and len(hashed) == 3        # the restart: none hashed
+    idx = root / "train_text_document.idx"
+    idx.write_bytes(idx.read_bytes())                                              # rewritten: a new mtime
+    os.utime(idx, ns=(idx.stat().st_atime_ns, idx.stat().st_mtime_ns + 10**9))      # whatever the clock's grain
+    assert identity_module.data_identity(cfg) == first and hashed[3:] == ["train_text_document.idx"]
+    assert (tmp_path / "cache" / "idx_xxh3.json").exists()
