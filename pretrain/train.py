@@ -25,7 +25,7 @@ from .loop import DataChanged, RunStopped, Trainer
 from .objectives.task import Task, build_task
 from .observability.banner import run_banner
 from .observability.provenance import record as record_provenance
-from .stability.exit_codes import DATA_CHANGED, REQUEUE_EXIT, RUN_DIR_BUSY, RUN_STOPPED, record_refusal
+from .stability.exit_codes import DATA_CHANGED, REQUEUE_EXIT, RUN_DIR_BUSY, RUN_STOPPED, record_exit
 from .stability.lifetime import RunDirBusy, die_with_launcher, lock_run_dir
 from .stability.preemption import RunPreempted
 
@@ -86,14 +86,14 @@ def _train(job: JobConfig, task: Task, engine, run_dir: Path) -> int:
 
 @hydra.main(config_path=str(RECIPES_DIR), config_name="gpt-tiny", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> None:
-    code = record_refusal(command(lambda: run(finalize(cfg, HydraConfig.get().job.config_name)))())
+    code = record_exit(command(lambda: run(finalize(cfg, HydraConfig.get().job.config_name)))())
     if code:
         sys.exit(code)
 
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--config":
-        sys.exit(record_refusal(command(lambda: run(from_yaml(sys.argv[2])))()))
+        sys.exit(record_exit(command(lambda: run(from_yaml(sys.argv[2])))()))
     check_cli_overrides(sys.argv[1:])          # misspelt or `+`-added keys, as every make target refuses them
     if not any(arg.startswith(("hydra.run.dir", "hydra.sweep.dir")) for arg in sys.argv):
         # Hydra's own logs go into the run directory instead of ./outputs/<date>/<time>.

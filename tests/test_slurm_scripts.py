@@ -267,7 +267,7 @@ def test_ablate_refuses_a_site_profile_its_launcher_cannot_carry(tmp_path):
 
 def job_after_its_step(tmp_path, step_body, restarts=0):
     """The gpt-tiny job of `training_job` run here with its training step faked: `srun` runs `step_body` (bash,
-    with $TRAIN_REFUSAL_FILE from the script), `scontrol` logs its arguments. Returns (status, output, scontrol
+    with $TRAIN_EXIT_FILE from the script), `scontrol` logs its arguments. Returns (status, output, scontrol
     calls but the first, `show hostnames`)."""
     script = tmp_path / "launch.sbatch"
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.log"
@@ -307,14 +307,17 @@ def test_every_step_ends_with_its_first_bad_rank_and_any_failure_but_a_refusal_r
     code, out, calls = job_after_its_step(tmp_path, "exit 75")
     assert code == 0 and "requeueing (restart 1" in out and "StartTime=now+2" in calls[1], out
     assert "the hang watchdog fired" in out
+    body = f'{sys.executable} -c "from pretrain.stability.exit_codes import record_exit; record_exit(75)"; exit 143'
+    code, out, calls = job_after_its_step(tmp_path, f"cd {REPO}; PYTHONPATH={REPO} {body}")     # 75 on the first rank
+    assert code == 0 and "checkpoint saved: requeueing (restart 1" in out and "StartTime=now+2" in calls[1], out
     # cluster.max_restarts reached: the step's code, no requeue
     code, out, calls = job_after_its_step(tmp_path, "exit 1", restarts=2)
     assert code == 1 and "cluster.max_restarts=2 reached (exit 1): not requeueing" in out and calls == [], out
     # refusals: each its own code from the refusal file, whatever srun reported; never requeued
     for refused, why in ((2, "config refused"), (4, "run directory held by a live run"),
                          (5, "data differs from the checkpoint's")):
-        body = (f'{sys.executable} -c "from pretrain.stability.exit_codes import record_refusal; '
-                f'record_refusal({refused})"; exit 143')
+        body = (f'{sys.executable} -c "from pretrain.stability.exit_codes import record_exit; '
+                f'record_exit({refused})"; exit 143')
         code, out, calls = job_after_its_step(tmp_path, f"cd {REPO}; PYTHONPATH={REPO} {body}")
         assert code == refused and f"refused (exit {refused}: {why}): a restart cannot fix this" in out, out
         assert calls == []

@@ -4,8 +4,9 @@ The SLURM batch script (launch/templates/sbatch.j2) requeues the job after any f
 exception on one rank, a hang the watchdog ended, a killed node, a preemption's checkpoint) up to
 `cluster.max_restarts`, except after a refusal: the same job would be refused again. srun does not pass a
 rank's own code through reliably (with --kill-on-bad-exit its peers end by SIGTERM and srun reports 143, as
-the local cluster shows), so a refusing rank also writes its code and reason to the file the batch script
-names in $TRAIN_REFUSAL_FILE (`record_refusal`), and the script reads that.
+the local cluster shows; a preemption's 75 on the first rank likewise ends its peers by SIGTERM), so a rank
+that exits with a refusal or REQUEUE_EXIT also writes its code and reason to the file the batch script names
+in $TRAIN_EXIT_FILE (`record_exit`), and the script reads that.
 """
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ REQUEUE_EXIT = 75         # EX_TEMPFAIL: a signal's checkpoint was saved; "try a
 
 REFUSALS = {CONFIG_REFUSED: "config refused", RUN_STOPPED: "run stopped by its stability policy",
             RUN_DIR_BUSY: "run directory held by a live run", DATA_CHANGED: "data differs from the checkpoint's"}
-REFUSAL_FILE_ENV = "TRAIN_REFUSAL_FILE"
+RECORDED = {**REFUSALS, REQUEUE_EXIT: "checkpoint saved on a signal"}
+EXIT_FILE_ENV = "TRAIN_EXIT_FILE"
 
 
-def record_refusal(code: int) -> int:
-    """Write `code` (a refusal) to $TRAIN_REFUSAL_FILE when the batch script set it; returns `code`."""
-    path = os.environ.get(REFUSAL_FILE_ENV)
-    if path and code in REFUSALS:
+def record_exit(code: int) -> int:
+    """Write `code` (a refusal or REQUEUE_EXIT) to $TRAIN_EXIT_FILE when the batch script set it; returns `code`."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path and code in RECORDED:
         try:
-            Path(path).write_text(f"{code} {REFUSALS[code]}\n")
+            Path(path).write_text(f"{code} {RECORDED[code]}\n")
         except OSError:
             pass                  # the exit status still says it where srun passes it through
     return code
