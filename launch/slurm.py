@@ -25,6 +25,9 @@ import jinja2
 from common.paths import REPO_ROOT
 
 TEMPLATE = Path(__file__).parent / "templates" / "sbatch.j2"
+# srun --wait: once one task of a step has exited 0, the others get this long before SLURM ends the step (one
+# that exits non-zero ends it at once: --kill-on-bad-exit). Ranks finish a run within seconds of each other.
+STEP_WAIT_S = 60
 
 
 def bad_nodes(path: str | Path) -> List[str]:
@@ -73,17 +76,18 @@ def checkpoint_gb(job) -> float:
 
 
 def render(job, run_dir: Path) -> str:
-    from pretrain.stability.preemption import REQUEUE_EXIT  # imports torch: only for training jobs
+    from pretrain.stability.exit_codes import REQUEUE_EXIT
     c = job.cluster
     torchrun = c.launcher != "srun"
     # cluster.cpus_per_task is per rank: one srun task per GPU gets it; srun-torchrun's one task per node
     # gets it for each of its workers (each worker then runs OMP_NUM_THREADS = cpus_per_task threads)
     task_cpus = (c.cpus_per_task * (c.devices_per_node if torchrun else 1)) if c.cpus_per_task else None
     step = step_words(c)
+    job_srun = f"{step['srun']} --kill-on-bad-exit=1 --wait={STEP_WAIT_S}"
     bad_file = Path(c.bad_nodes_file)
     bad_file = bad_file if bad_file.is_absolute() else REPO_ROOT / bad_file
     text = template(TEMPLATE.name).render(
-        job=job, c=c, run_dir=str(run_dir.resolve()), repo=str(REPO_ROOT), step=step,
+        job=job, c=c, run_dir=str(run_dir.resolve()), repo=str(REPO_ROOT), step=step, job_srun=job_srun,
         config=str((run_dir / "config.yaml").resolve()), launcher=c.launcher,
         tasks_per_node=c.devices_per_node if c.launcher == "srun" else 1, gpus=c.gpu_type != "cpu",
         task_cpus=task_cpus, omp_threads=c.cpus_per_task or 1,
@@ -92,6 +96,7 @@ def render(job, run_dir: Path) -> str:
         min_free_gb=c.health_min_free_gb if c.health_min_free_gb is not None else checkpoint_gb(job),
         exclude=sorted(set(c.exclude) | set(bad_nodes(bad_file))), bad_nodes_file=str(bad_file),
         log_pattern=str((run_dir / "logs" / "slurm-%j.out").resolve()), requeue_exit=REQUEUE_EXIT,
+        step_wait_s=STEP_WAIT_S,
         checkpoint_dir=str(Path(job.checkpoint.dir or run_dir / "checkpoints").resolve()))
     return text
 

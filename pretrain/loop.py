@@ -23,6 +23,7 @@ from common.files import write_atomic
 
 from .checkpoint.meta import LoopState, checkpoint_meta
 from .checkpoint.store import CheckpointStore, Decision, agreed_load
+from .checkpoint.timed import TimedSaves
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
 from .data.datasets import BatchSource, StepBatches, eval_batches, split_sizes
@@ -49,6 +50,10 @@ from .stability.watchdog import Watchdog
 class RunStopped(RuntimeError):
     """The stability policy gave up (too many rollbacks, or nothing known good to return to); the message
     is the report."""
+
+
+class DataChanged(RunStopped):
+    """A full resume would continue on other data than its checkpoint's (exit 5, stability/exit_codes.py)."""
 
 
 class Trainer:
@@ -83,10 +88,11 @@ class Trainer:
                                      checksums=c.checksums, keep_every=c.keep_every, digests=c.digests,
                                      writer_of=engine.checkpoint_writer)
         self.saved_step = -1
+        self.timed_saves = TimedSaves(c.save_interval_minutes)
         self.data_identity = from_rank0(lambda: data_identity(cfg))   # recorded in every save, checked on resume
         self.recovery = Recovery()
         self.guard = SpikeGuard(cfg)
-        self.faults = FaultDrill(cfg.fault, engine, cfg.model.vocab_size)
+        self.faults = FaultDrill(cfg.fault, engine, cfg.model.vocab_size, self.run_dir)
         self.preemption = PreemptionFlag(self.run_dir / "preempt.flag")
         self.straggler = StragglerDetector(cfg, self.metrics)     # times data wait and compute; straggler.*
         self.hooks = Hooks([])               # the loop's observers, built when train() starts
@@ -131,13 +137,14 @@ class Trainer:
 
     def _same_data(self, found) -> None:
         """A full resume continues at consumed_samples in an order built from the blend's files: on other files
-        that position means other samples. Refused (exit 3) unless checkpoint.allow_data_change, then recorded."""
+        that position means other samples. Refused (DataChanged, exit 5) unless checkpoint.allow_data_change, then
+        recorded."""
         changed = differences(found.meta.get("data"), self.data_identity)
         if not changed:
             return
         step = found.meta["loop"]["step"]
         if not self.cfg.checkpoint.allow_data_change:
-            raise RunStopped(f"{found.path} was saved on other data than {self.cfg.data.blend} gives now: "
+            raise DataChanged(f"{found.path} was saved on other data than {self.cfg.data.blend} gives now: "
                              + "; ".join(changed) + ". Resuming would continue at its data position in another "
                              "sample order. Fix: restore the files and settings it trained on, or pass "
                              "checkpoint.allow_data_change=true to continue on the new data on purpose (recorded as "
@@ -248,6 +255,7 @@ class Trainer:
 
         self.engine.save_checkpoint(directory, on_done=commit)
         self.saved_step = step
+        self.timed_saves.saved()
         self.metrics.reset_window()          # throughput excludes the (blocking part of the) save
         return True
 
@@ -266,7 +274,8 @@ class Trainer:
                 return False
         if self.downstream is not None and self.downstream.due(st.step, final):
             self.downstream.run(st.step)          # the weights the save below writes
-        due = (interval > 0 and st.step % interval == 0) or (final and cfg.checkpoint.save_final)
+        due = ((interval > 0 and st.step % interval == 0) or (final and cfg.checkpoint.save_final)
+               or self.timed_saves.due())        # evaluated alike on every rank: the same collectives
         if due and self.saved_step != st.step and not self.save(valid):
             self.rollback("nonfinite_weights")
             return False

@@ -21,18 +21,19 @@ from .config.compose import check_cli_overrides, finalize, from_yaml, to_yaml
 from .config.schema import JobConfig
 from .dist import release_subgroups
 from .engines.registry import create_engine
-from .loop import RunStopped, Trainer
+from .loop import DataChanged, RunStopped, Trainer
 from .objectives.task import Task, build_task
 from .observability.banner import run_banner
 from .observability.provenance import record as record_provenance
+from .stability.exit_codes import DATA_CHANGED, REQUEUE_EXIT, RUN_DIR_BUSY, RUN_STOPPED, record_exit
 from .stability.lifetime import RunDirBusy, die_with_launcher, lock_run_dir
-from .stability.preemption import REQUEUE_EXIT, RunPreempted
+from .stability.preemption import RunPreempted
 
 
 def run(job: JobConfig, keep_process_group: bool = False) -> int:
     """Train `job` in this process (one rank of torchrun/srun, or a single process).
     keep_process_group: leave torch.distributed up for another job in the same processes.
-    Exit 4: another live trainer holds the run directory (pretrain/stability/lifetime.py)."""
+    Exit codes: pretrain/stability/exit_codes.py (4: another live trainer holds the run directory)."""
     die_with_launcher()                  # torchrun's workers are in their own sessions: go when it goes
     task = build_task(job)               # what is trained: the objective and its adapters, FLOPs per token
     engine = create_engine(job, task.objective)
@@ -43,7 +44,7 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
         if dist.get_rank() == 0:
             print(f"REFUSED: {busy}", file=sys.stderr, flush=True)
         engine.close() if keep_process_group else engine.shutdown()
-        return 4
+        return RUN_DIR_BUSY
     try:
         return _train(job, task, engine, run_dir)
     finally:
@@ -71,9 +72,12 @@ def _train(job: JobConfig, task: Task, engine, run_dir: Path) -> int:
     record_provenance(run_dir)
     try:
         Trainer(job, engine, run_dir, task).train()
+    except DataChanged as changed:
+        print(f"REFUSED: {changed}", file=sys.stderr, flush=True)
+        return DATA_CHANGED
     except RunStopped as stop:
         print(f"STOPPED: {stop}", file=sys.stderr, flush=True)
-        return 3
+        return RUN_STOPPED
     except RunPreempted as preempted:
         print(f"PREEMPTED: {preempted}", file=sys.stderr, flush=True)
         return REQUEUE_EXIT
@@ -82,14 +86,14 @@ def _train(job: JobConfig, task: Task, engine, run_dir: Path) -> int:
 
 @hydra.main(config_path=str(RECIPES_DIR), config_name="gpt-tiny", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> None:
-    code = command(lambda: run(finalize(cfg, HydraConfig.get().job.config_name)))()
+    code = record_exit(command(lambda: run(finalize(cfg, HydraConfig.get().job.config_name)))())
     if code:
         sys.exit(code)
 
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--config":
-        sys.exit(command(lambda: run(from_yaml(sys.argv[2])))())
+        sys.exit(record_exit(command(lambda: run(from_yaml(sys.argv[2])))()))
     check_cli_overrides(sys.argv[1:])          # misspelt or `+`-added keys, as every make target refuses them
     if not any(arg.startswith(("hydra.run.dir", "hydra.sweep.dir")) for arg in sys.argv):
         # Hydra's own logs go into the run directory instead of ./outputs/<date>/<time>.

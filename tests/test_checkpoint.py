@@ -262,6 +262,7 @@ def test_keep_last_and_keep_every_retention(tmp_path):
     store = CheckpointStore(tmp_path, keep_last=2, keep_every=2)
     for step in (1, 2, 3, 4, 5, 6):
         fake_save(store, step)
+    store.wait_deletions()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000004", "step_00000005",
                                                           "step_00000006"]
 
@@ -272,7 +273,39 @@ def test_retention_keeps_the_newest_checkpoint_known_good(tmp_path):
         directory = store.begin(step)
         (directory / "shard.bin").write_bytes(b"x")
         store.commit(step, {"loop": {"step": step}, "health": {"weights_finite": True, "valid_loss": loss}})
+    store.wait_deletions()
     assert sorted(p.name for p in store.root.iterdir()) == ["step_00000002", "step_00000004", "step_00000005"]
+
+
+def test_retention_deletes_in_the_background_out_of_the_resume_scans_way(tmp_path, monkeypatch):
+    """The commit returns while the old checkpoint is still being deleted (rmtree held here until released):
+    it is renamed step_N.deleting first, so no scan sees it; a process's leftovers go with the next's first
+    deletion."""
+    import threading
+
+    import pretrain.checkpoint.store as store_module
+    release, removed = threading.Event(), []
+
+    def held_remove(paths):
+        release.wait(60)
+        removed.extend(Path(p).name for p in paths)
+        remove(paths)
+    remove = store_module._remove
+    monkeypatch.setattr(store_module, "_remove", held_remove)
+    store = CheckpointStore(tmp_path, keep_last=1)
+    fake_save(store, 1)
+    fake_save(store, 2)                                       # returns with step 1's deletion pending
+    assert (tmp_path / "step_00000001.deleting").is_dir() and removed == []
+    assert [p.name for p in store.complete()] == ["step_00000002"] and store.scan().found.path.name == "step_00000002"
+    release.set()
+    store.wait_deletions()
+    assert removed == ["step_00000001.deleting"] and not (tmp_path / "step_00000001.deleting").exists()
+    (tmp_path / "step_00000009.deleting").mkdir()             # a killed process's leftover
+    again = CheckpointStore(tmp_path, keep_last=1)
+    fake_save(again, 3)
+    again.wait_deletions()
+    assert sorted(removed) == ["step_00000001.deleting", "step_00000002.deleting", "step_00000009.deleting"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003"]
 
 
 @pytest.mark.slow

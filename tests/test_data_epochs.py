@@ -160,3 +160,35 @@ def test_an_empty_source_is_refused_unless_it_draws_nothing(tmp_path):
         tiny(blend, "schedule.train_iters=100")
     zero = write_blend(tmp_path / "zero.json", {"train": [(1.0, "full"), (0.0, "empty")]})
     assert [s.epochs for s in data_epochs(tiny(zero, "schedule.train_iters=100"))[0]] == [10.0, 0.0]
+
+
+def test_evaluation_batches_are_built_as_they_are_read_and_equal_the_eager_ones():
+    """eval_batches builds a step's micro-batches when the evaluation reads it, not all eval_iters up front."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from pretrain.data.datasets import StepBatches, eval_batches
+    reads = []
+
+    class Counted:
+        def __len__(self):
+            return 1000
+
+        def __getitem__(self, i):
+            reads.append(i)
+            return {key: torch.full((8,), i) for key in ("tokens", "labels", "loss_mask", "position_ids")}
+    cfg = SimpleNamespace(batch=SimpleNamespace(micro_batch_size=2, global_batch_size=8),
+                          eval=SimpleNamespace(eval_iters=3))
+    window = eval_batches(Counted(), cfg, dp_rank=1, dp_size=2)
+    assert len(window) == 3 and reads == []                       # nothing read yet
+    first = window[0]
+    assert len(reads) == 4                                        # one step: 2 micro-batches of 2 on this rank
+    eager = StepBatches(Counted(), 2, 1, 2)
+    expected = [eager.micro_batches(i * 8, 8) for i in range(3)]
+    got = list(window)
+    pairs = [(a, b) for ga, gb in zip(got, expected, strict=True) for a, b in zip(ga, gb, strict=True)]
+    assert len(got) == 3 and len(pairs) == 6 and all(torch.equal(a[k], b[k]) for a, b in pairs for k in a)
+    assert all(torch.equal(first[0][k], expected[0][0][k]) for k in first[0])
+    rows = sorted(int(t) for step in got for mb in step for t in mb["tokens"][:, 0])
+    assert rows == [2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23]          # DP rank 1's half of each micro-batch pair

@@ -141,3 +141,31 @@ def test_the_flops_label_names_the_attention_term_it_counts():
     assert plan["flops_per_token"] == 6 * count_params(cfg)["matmul"] + attention
     assert "(6N + 6*L*s*a*(d_qk + d_rope + d_v); with recompute" in render(plan)
     assert "(6N + 12*L*s*H*Q; with recompute" in render(make_plan(load_recipe("llama-tiny")))
+
+
+def test_saves_on_wall_time_bound_the_lost_work_and_plan_shows_the_step_time_it_assumes():
+    """checkpoint.save_interval_minutes: rank 0's clock (injected here) decides, the interval restarts at every save;
+    `make plan` puts the step-interval's gap at its modelled step time beside it."""
+    from pretrain.checkpoint.timed import TimedSaves
+    from pretrain.plan.__main__ import render
+    now = [100.0]
+    timed = TimedSaves(60, clock=lambda: now[0])
+    now[0] += 3599
+    assert not timed.due()
+    now[0] += 1
+    assert timed.due() and timed.due()           # due until a save happens
+    timed.saved()
+    now[0] += 1800
+    assert not timed.due()
+    assert not TimedSaves(0, clock=lambda: 1e9).due()            # off: never, and no collective
+    cfg = load_recipe("gpt-175b")
+    plan = make_plan(cfg)
+    step_s = plan["time_to_budget_hours"] * 3600 / cfg.derived.train_iters
+    saves = plan["saves"]
+    assert saves["step_seconds"] == pytest.approx(step_s, abs=1e-3)
+    assert saves["minutes_between_saves_by_steps"] == pytest.approx(cfg.checkpoint.save_interval * step_s / 60, 0.01)
+    assert saves["minutes_between_saves_by_steps"] > 300 and saves["minutes_between_saves"] == 60.0
+    assert (f"  saves             every {cfg.checkpoint.save_interval} steps (~"
+            f"{saves['minutes_between_saves_by_steps']:,.0f} min at {saves['step_seconds']:.2f} s/step") in render(plan)
+    off = make_plan(load_recipe("gpt-175b", ["checkpoint.save_interval_minutes=0"]))["saves"]
+    assert off["minutes_between_saves"] == off["minutes_between_saves_by_steps"]

@@ -263,7 +263,7 @@ def test_a_resume_in_another_sample_order_is_named_item_by_item(tmp_path):
 
 @pytest.mark.slow
 def test_a_resume_on_other_data_or_from_only_damaged_checkpoints_stops(tmp_path):
-    """Two refusals of a real relaunch (the trainer exits 3, its report in the log):
+    """Two refusals of a real relaunch (the trainer exits 5 and 3, its report in the log):
     - the blend preprocessed again into the same prefixes: the data would be read from the checkpoint's position in
       another order; the change is named (checkpoint.allow_data_change: the unit test below);
     - every checkpoint damaged (truncated shards): no silent start from step 0; they are kept aside with the reason
@@ -281,9 +281,9 @@ def test_a_resume_on_other_data_or_from_only_damaged_checkpoints_stops(tmp_path)
     assert run_training(run_dir, [*common, "schedule.train_iters=2"], nproc=1).returncode == 0
     (run_dir / "final.json").unlink()
 
-    def relaunch_stops(why):
+    def relaunch_stops(why, code):
         res = run_training(run_dir, [*common, "schedule.train_iters=3"], nproc=1)
-        stopped = re.search(r"exitcode\s*:\s*3\b", res.stderr)       # the trainer's 3, in torchrun's report
+        stopped = re.search(rf"exitcode\s*:\s*{code}\b", res.stderr)      # the trainer's code, in torchrun's report
         assert res.returncode != 0 and stopped and why in res.stderr, res.stderr[-2000:]
         return res.stderr
 
@@ -293,15 +293,16 @@ def test_a_resume_on_other_data_or_from_only_damaged_checkpoints_stops(tmp_path)
         (data / f"train_text_document.{ext}").unlink()
     tokenize_to_indexed(InputConfig(paths=[str(data / "train.jsonl")]), load_tokenizer("hf", data / "tok"),
                         data / "train_text_document", TokenizeConfig(workers=1))
-    err = relaunch_stops("was saved on other data")
-    assert "train_text_document: documents 40 -> 50" in err and "checkpoint.allow_data_change=true" in err
+    err = relaunch_stops("REFUSED: ", 5)
+    assert "was saved on other data" in err and "train_text_document: documents 40 -> 50" in err
+    assert "checkpoint.allow_data_change=true" in err
 
     for ext, body in original.items():                                # the data it trained on, restored
         (data / f"train_text_document.{ext}").write_bytes(body)
     for step in (1, 2):
         for shard in (run_dir / "checkpoints" / f"step_{step:08d}" / "model_optim_rng").glob("*.distcp"):
             shard.write_bytes(shard.read_bytes()[:10])
-    err = relaunch_stops("STOPPED: no checkpoint under")
+    err = relaunch_stops("STOPPED: no checkpoint under", 3)
     assert "on_all_damaged=restart" in err
     aside = sorted((run_dir / "checkpoints").glob("step_*.damaged-*"))
     assert len(aside) == 2 and all("bytes" in (p / "DAMAGED.txt").read_text() for p in aside)
@@ -325,7 +326,7 @@ def test_set_aside_checkpoints_keep_stopping_relaunches_and_a_data_change_is_all
     from types import SimpleNamespace
 
     from pretrain.checkpoint.store import Decision
-    from pretrain.loop import RunStopped, Trainer
+    from pretrain.loop import DataChanged, RunStopped, Trainer
     stub = loop_stub(tmp_path, on_all_damaged="stop", allow_data_change=False)
     stub._announce = lambda kind, decision, step, **fields: stub.events.append({"kind": kind, **fields})
     Trainer._nothing_verified(stub, Decision(None, []))                   # a new run: nothing to say
@@ -337,9 +338,32 @@ def test_set_aside_checkpoints_keep_stopping_relaunches_and_a_data_change_is_all
     assert stub.events[-1]["action"].startswith("start from step 0") and stub.events[-1]["set_aside"]
     found = SimpleNamespace(path=tmp_path / "step_00000002", meta={
         "loop": {"step": 2}, "data": {"sources": {"train_text_document": {"documents": 40}}, "tokenizer": {}}})
-    with pytest.raises(RunStopped, match="train_text_document: documents 40 -> 50"):
+    with pytest.raises(DataChanged, match="train_text_document: documents 40 -> 50"):
         Trainer._same_data(stub, found)
     stub.cfg.checkpoint.allow_data_change = True
     Trainer._same_data(stub, found)
     assert stub.events[-1] == {"kind": "data_changed", "step": 2, "checkpoint": str(found.path),
                                "changes": ["train_text_document: documents 40 -> 50"]}
+
+
+def test_a_restart_takes_the_index_digests_from_the_cache_until_a_file_changes(tmp_path, monkeypatch):
+    """Rank 0 hashes every .idx at every start while the others wait: cached by path, size, mtime and inode in
+    the data cache dir, a second start hashes none; a rewritten index is hashed again."""
+    import pretrain.data.identity as identity_module
+    from pretrain.config.compose import load_recipe
+    root = tmp_path / "data"
+    root.mkdir()
+    tiny_blend(root, {s: ["w1 w2 w3 w4"] * 10 for s in ("train", "valid", "test")})
+    hashed = []
+    real = identity_module.xxh3
+    monkeypatch.setattr(identity_module, "xxh3", lambda path: hashed.append(Path(path).name) or real(path))
+    cfg = load_recipe("gpt-tiny", [f"data.blend={root / 'blend.json'}", f"data.tokenizer.path={root / 'tok'}",
+                                   "schedule.train_iters=2", f"data.cache_dir={tmp_path / 'cache'}"])
+    first = identity_module.data_identity(cfg)
+    assert sorted(hashed) == ["test_text_document.idx", "train_text_document.idx", "valid_text_document.idx"]
+    assert identity_module.data_identity(cfg) == first and len(hashed) == 3        # the restart: none hashed
+    idx = root / "train_text_document.idx"
+    idx.write_bytes(idx.read_bytes())                                              # rewritten: a new mtime
+    os.utime(idx, ns=(idx.stat().st_atime_ns, idx.stat().st_mtime_ns + 10**9))      # whatever the clock's grain
+    assert identity_module.data_identity(cfg) == first and hashed[3:] == ["train_text_document.idx"]
+    assert (tmp_path / "cache" / "idx_xxh3.json").exists()

@@ -150,6 +150,39 @@ def test_jobs_train_and_a_usr1_job_requeues_and_resumes_to_the_same_loss(slurm, 
 
 
 @pytest.mark.slow
+def test_a_rank_that_raises_ends_the_step_the_job_requeues_and_resumes_and_a_config_refusal_does_not(
+        slurm, demo_data, tmp_path):
+    """Rank 1 raises before step 8 (fault.raise_at_step, once per run): --kill-on-bad-exit ends the step (SLURM
+    terminates rank 0, no collective timeout), the job requeues itself and resumes from step 5's save to the end.
+    A config that no longer validates (edited after submission) is refused with exit 2 and not requeued."""
+    from launch.slurm import render, sbatch
+    from pretrain.config.compose import load_recipe, to_yaml
+    common = [*CLUSTER, *BASE, "schedule.train_iters=10", "checkpoint.save_interval=5", "cluster.health_check=false",
+              "cluster.restart_backoff_s=0", f"cluster.bad_nodes_file={tmp_path / 'bad.txt'}"]
+    raised_dir, refused_dir = tmp_path / "raised", tmp_path / "refused"
+    raised = submitted(make_pretrain("gpt-tiny", " ".join([*common, f"run_dir={raised_dir}", "fault.raise_at_step=8",
+                                                           "fault.rank=1"])))
+    job = load_recipe("gpt-tiny", [*common, f"run_dir={refused_dir}"])
+    (refused_dir / "logs").mkdir(parents=True)
+    (refused_dir / "config.yaml").write_text(re.sub(r"num_attention_heads: \d+", "num_attention_heads: 5",
+                                                    to_yaml(job)))
+    (refused_dir / "launch.sbatch").write_text(render(job, refused_dir))
+    refused = sbatch(refused_dir / "launch.sbatch")
+    info_raised, info_refused = wait_for(raised, refused)
+    log = (raised_dir / "logs" / f"slurm-{raised}.out").read_text()
+    assert info_raised["JobState"] == "COMPLETED" and info_raised["Restarts"] == "1", log[-3000:]
+    assert "FAULT INJECTED: rank 1 raises before step 8" in log
+    assert re.search(r"task 1: Exited with exit code 1\n.*Terminating StepId", log), log[-3000:]   # killed, not hung
+    assert "step failed (exit " in log and "requeueing in 2 s (restart 1 of at most" in log
+    assert f"resumed from {raised_dir / 'checkpoints' / 'step_00000005'}" in log
+    assert max(train_losses(raised_dir)) == 10 and (raised_dir / "final.json").exists()
+    log = (refused_dir / "logs" / f"slurm-{refused}.out").read_text()
+    assert info_refused["JobState"] == "FAILED" and info_refused["ExitCode"] == "2:0", log[-3000:]
+    assert info_refused["Restarts"] == "0" and "refused (exit 2: config refused): a restart cannot fix" in log
+    assert "num_attention_heads" in log
+
+
+@pytest.mark.slow
 def test_health_check_marks_a_failing_node_and_the_next_submission_excludes_it(slurm, demo_data, tmp_path):
     bad = tmp_path / "bad_nodes.txt"
     overrides = " ".join([*CLUSTER, *BASE, f"run_dir={tmp_path / 'run'}", "cluster.health_min_free_gb=1e9",

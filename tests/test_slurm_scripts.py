@@ -4,6 +4,7 @@ srun arguments, account, setup, env) in every job and step, DRY_RUN and LAUNCHER
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,63 @@ def test_ablate_refuses_a_site_profile_its_launcher_cannot_carry(tmp_path):
     # the site's env as in launch.sbatch
     assert "hydra/launcher=submitit_slurm" in plain and \
         "hydra.launcher.setup=['export A=b','export OMP_NUM_THREADS=3']" in plain
+
+
+def job_after_its_step(tmp_path, step_body, restarts=0):
+    """The gpt-tiny job of `training_job` run here with its training step faked: `srun` runs `step_body` (bash,
+    with $TRAIN_EXIT_FILE from the script), `scontrol` logs its arguments. Returns (status, output, scontrol
+    calls but the first, `show hostnames`)."""
+    script = tmp_path / "launch.sbatch"
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.log"
+    bin_dir.mkdir(exist_ok=True)
+    calls.unlink(missing_ok=True)
+    for name, body in {"srun": step_body, "scontrol": f'echo "$*" >> {calls}; echo n1'}.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="1",
+               SLURM_JOB_NODELIST="n1", SLURM_RESTART_COUNT=str(restarts))
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
+    return res.returncode, res.stdout + res.stderr, calls.read_text().splitlines()[1:] if calls.exists() else []
+
+
+def test_every_step_ends_with_its_first_bad_rank_and_any_failure_but_a_refusal_requeues_with_a_backoff(tmp_path):
+    from launch.slurm import render
+    from pretrain.config.compose import load_recipe
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    common = [*CLUSTER, f"run_dir={run_dir}", "cluster.max_restarts=2", f"cluster.bad_nodes_file={tmp_path / 'b'}"]
+    for launcher in ("srun-torchrun", "srun"):      # the health check's step and the training step
+        text = render(load_recipe("gpt-tiny", [*common, f"cluster.launcher={launcher}"]), run_dir)
+        steps = [line for line in text.splitlines() if line.startswith("srun ")]
+        assert len(steps) == 2 and all(" --kill-on-bad-exit=1 --wait=60 " in line for line in steps), steps
+    (tmp_path / "launch.sbatch").write_text(render(load_recipe("gpt-tiny", [*common, "cluster.health_check=false"]),
+                                                   run_dir))
+
+    # a rank's exception (srun reports 143: its peers were terminated): requeued, 60 s out, then 120 s
+    code, out, calls = job_after_its_step(tmp_path, "exit 143")
+    assert code == 0 and "step failed (exit 143): requeueing in 60 s (restart 1 of at most 2)" in out, out
+    assert calls[:2] == ["requeue 7", "update JobId=7 StartTime=now+60"]
+    code, out, calls = job_after_its_step(tmp_path, "exit 1", restarts=1)
+    assert code == 0 and "requeueing in 120 s (restart 2 of at most 2)" in out, out
+    # a preemption's checkpoint: at once (2 s); the hang watchdog's dumps are named
+    (tmp_path / "run" / "hang").mkdir()
+    (tmp_path / "run" / "hang" / "rank1.txt").write_text("Thread 0x1 (most recent call first):\n")
+    code, out, calls = job_after_its_step(tmp_path, "exit 75")
+    assert code == 0 and "requeueing (restart 1" in out and "StartTime=now+2" in calls[1], out
+    assert "the hang watchdog fired" in out
+    body = f'{sys.executable} -c "from pretrain.stability.exit_codes import record_exit; record_exit(75)"; exit 143'
+    code, out, calls = job_after_its_step(tmp_path, f"cd {REPO}; PYTHONPATH={REPO} {body}")     # 75 on the first rank
+    assert code == 0 and "checkpoint saved: requeueing (restart 1" in out and "StartTime=now+2" in calls[1], out
+    # cluster.max_restarts reached: the step's code, no requeue
+    code, out, calls = job_after_its_step(tmp_path, "exit 1", restarts=2)
+    assert code == 1 and "cluster.max_restarts=2 reached (exit 1): not requeueing" in out and calls == [], out
+    # refusals: each its own code from the refusal file, whatever srun reported; never requeued
+    for refused, why in ((2, "config refused"), (4, "run directory held by a live run"),
+                         (5, "data differs from the checkpoint's")):
+        body = (f'{sys.executable} -c "from pretrain.stability.exit_codes import record_exit; '
+                f'record_exit({refused})"; exit 143')
+        code, out, calls = job_after_its_step(tmp_path, f"cd {REPO}; PYTHONPATH={REPO} {body}")
+        assert code == refused and f"refused (exit {refused}: {why}): a restart cannot fix this" in out, out
+        assert calls == []
+    code, out, calls = job_after_its_step(tmp_path, "exit 0")
+    assert code == 0 and calls == []

@@ -17,12 +17,18 @@ choice travels as a `Decision` (what was used, what was skipped and why) so the 
 it from whichever rank prints. The loop's own state (step, consumed samples, data-mix counters)
 and the checkpoint's health (finite weights, the validation loss measured on them) live in
 meta.json, readable without torch; retention never deletes the newest checkpoint known good.
+
+Retention renames an old step_N to step_N.deleting before the commit's closing barrier (a rename, instant:
+a resume scan never sees it again) and removes it in a background thread: an rmtree of a TB-sized directory
+on rank 0 held every rank at that barrier. A process that ends first leaves step_N.deleting behind; the
+next one's first retention removes it.
 """
 from __future__ import annotations
 
 import json
 import math
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +43,7 @@ from .integrity import WriterOf, agreed_digest_problems, gathered_digests, share
 
 FORMAT = "pretrain-checkpoint/1"
 ENGINE_DIR = "model_optim_rng"
+DELETING = ".deleting"
 
 
 @dataclass
@@ -145,6 +152,8 @@ class CheckpointStore:
                  writer_of: Optional[WriterOf] = None):
         self.root, self.keep_last, self.log, self.checksums = Path(root), keep_last, log, checksums
         self.keep_every, self.digests, self.writer_of = keep_every, digests, writer_of
+        self._deleters: List[threading.Thread] = []
+        self._swept = False          # leftovers of an earlier process: removed with this one's first deletion
 
     def step_dir(self, step: int) -> Path:
         return self.root / f"step_{step:08d}"
@@ -228,26 +237,50 @@ class CheckpointStore:
                 final.rename(stale)
             tmp.rename(final)
             fsync_dir(self.root)
-            if stale is not None:
-                shutil.rmtree(stale, ignore_errors=True)
-            self._retain(final)
+            self._retain(final, [stale] if stale is not None else [])
         _barrier()
         return final
 
-    def _retain(self, saved: Path) -> None:
+    def _retain(self, saved: Path, doomed: List[Path]) -> None:
         """Beyond the newest keep_last: keep milestones (keep_every), the newest checkpoint known good
         (finite validation, `known_good`: a run whose newest saves went bad still has one to return to),
-        and the one just `saved`, whatever step numbers stand above it."""
-        if self.keep_last <= 0:
-            return
-        complete = self.complete()
-        good = next((p for p in complete if known_good(_meta_or_empty(p))), None)
-        for old in complete[self.keep_last:]:
-            if self.keep_every > 0 and int(old.name.split("_")[1]) % self.keep_every == 0:
-                continue                                     # a milestone kept for good
-            if old in (good, saved):
-                continue
-            shutil.rmtree(old, ignore_errors=True)
+        and the one just `saved`, whatever step numbers stand above it. `doomed`: other directories to delete."""
+        if self.keep_last > 0:
+            complete = self.complete()
+            good = next((p for p in complete if known_good(_meta_or_empty(p))), None)
+            for old in complete[self.keep_last:]:
+                if self.keep_every > 0 and int(old.name.split("_")[1]) % self.keep_every == 0:
+                    continue                                     # a milestone kept for good
+                if old not in (good, saved):
+                    doomed.append(old)
+        self._delete_later(doomed)
+
+    def _delete_later(self, paths: List[Path]) -> None:
+        """Rename each path out of the candidates at once; remove them in a background thread."""
+        renamed = []
+        for path in paths:
+            target = path.with_name(path.name + DELETING)
+            path.rename(target)
+            renamed.append(target)
+        if not self._swept:
+            self._swept = True
+            renamed += [p for p in self.root.glob(f"step_*{DELETING}") if p not in renamed]
+        if renamed:
+            fsync_dir(self.root)
+            thread = threading.Thread(target=_remove, args=(renamed,), name="checkpoint-retention", daemon=True)
+            thread.start()
+            self._deleters.append(thread)
+
+    def wait_deletions(self) -> None:
+        """Until every directory retention gave up is gone (tools and tests; training does not wait)."""
+        for thread in self._deleters:
+            thread.join()
+        self._deleters.clear()
+
+
+def _remove(paths: List[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def agreed_load(path: Path | str, checksums: bool = True, digests: bool = True,

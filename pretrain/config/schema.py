@@ -252,6 +252,9 @@ class DataConfig:
 @dataclass
 class CheckpointConfig:
     save_interval: int = doc(1000, "Save every N steps; 0 disables periodic saves.")
+    save_interval_minutes: float = doc(60.0, "Also save when this many minutes of wall time passed since the last "
+                                             "save (rank 0's clock, broadcast), bounding the work a fault loses; 0 "
+                                             "off.")
     save_final: bool = doc(True, "Save when training ends.")
     dir: Optional[str] = doc(None, "Checkpoint directory; null means <run_dir>/checkpoints. A run resumes from its "
                                    "newest intact checkpoint here.")
@@ -305,6 +308,8 @@ class StabilityConfig:
 @dataclass
 class FaultConfig:
     hang_at_step: int = doc(-1, "Fire drill / tests: rank fault.rank stops before this step (1-based); -1 never.")
+    raise_at_step: int = doc(-1, "Rank fault.rank raises before this step, once per run directory (the restart resumes "
+                                 "past it); -1 never.")
     nan_at_step: int = doc(-1, "Rank fault.rank's loss mask is NaN at this step (a non-finite loss and gradients); -1 "
                                "never.")
     preempt_at_step: int = doc(-1, "Rank fault.rank sends itself SIGUSR1 during this step (a SLURM time-limit "
@@ -374,10 +379,12 @@ class ClusterConfig(JobStepConfig):
                            factory=list)
     env: dict[str, str] = doc(None, "Environment variables for every rank (NCCL settings, ...).", factory=dict)
     signal_lead_s: int = doc(300, "Seconds before the time limit when SLURM sends USR1 to checkpoint and requeue.")
-    max_restarts: int = doc(10, "Requeue at most this many times (SLURM_RESTART_COUNT), then stop with the requeue "
-                                "code.")
-    requeue: bool = doc(True, "On a signal's checkpoint (exit 75) `scontrol requeue` the job; false where the cluster "
-                              "forbids it.")
+    max_restarts: int = doc(10, "Requeue at most this many times (SLURM_RESTART_COUNT, failures and preemptions "
+                                "alike), then stop with the step's exit code.")
+    restart_backoff_s: int = doc(60, "A requeue after a failure (not a preemption) begins this long after it, "
+                                     "doubling with each restart up to an hour.")
+    requeue: bool = doc(True, "`scontrol requeue` the job after a preemption's checkpoint (exit 75) or any failure "
+                              "but a refusal (stability/exit_codes.py); false where the cluster forbids it.")
     chain_jobs: int = doc(0, "Also submit this many follow-up jobs, each --dependency=afterany on the one before "
                              "(resume).")
     health_check: bool = doc(True, "Before training, one task per node checks devices, an all-reduce and free disk.")

@@ -158,11 +158,16 @@ def validate(cfg: JobConfig) -> None:
         elif min(stages) > 0 and any(n % vpp for n in stages):
             add(f"parallel.virtual_pipeline_model_parallel_size={vpp} does not divide the layers per stage {stages}.")
 
+    if cfg.checkpoint.save_interval_minutes < 0:
+        add(f"checkpoint.save_interval_minutes={cfg.checkpoint.save_interval_minutes} must be >= 0 (0: saves by steps "
+            "only).")
+
     cl = cfg.cluster
     for problem in sbatch_problems("cluster", cl, {"name": cfg.name, "run_dir": cfg.run_dir}):
         add(problem)
-    if cl.launcher != "local" and (cl.max_restarts < 0 or cl.chain_jobs < 0):
-        add(f"cluster.max_restarts={cl.max_restarts} and cluster.chain_jobs={cl.chain_jobs} must be >= 0.")
+    if cl.launcher != "local" and (cl.max_restarts < 0 or cl.chain_jobs < 0 or cl.restart_backoff_s < 0):
+        add(f"cluster.max_restarts={cl.max_restarts}, cluster.chain_jobs={cl.chain_jobs} and cluster.restart_backoff_s="
+            f"{cl.restart_backoff_s} must be >= 0.")
 
     # World and batch
     world = cfg.cluster.nodes * cfg.cluster.devices_per_node

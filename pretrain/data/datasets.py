@@ -14,6 +14,7 @@ from ..model import third_party_warnings  # noqa: F401  # isort: skip  (before a
 import hashlib
 import json
 import math
+from collections import abc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
@@ -225,9 +226,24 @@ def split_sizes(cfg: JobConfig) -> tuple[int, int, int]:
     return train, window, window
 
 
-def eval_batches(dataset, cfg: JobConfig, dp_rank: int, dp_size: int) -> List[List[Dict[str, torch.Tensor]]]:
+class EvalWindow(abc.Sequence):
+    """eval_batches' steps, each built when it is read: all of them up front held eval_iters x global batch
+    samples in memory, and read them while the evaluation could already have been running."""
+
+    def __init__(self, batches: StepBatches, global_batch: int, steps: int):
+        self.batches, self.global_batch, self.steps = batches, global_batch, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, i: int) -> List[Dict[str, torch.Tensor]]:
+        if not 0 <= i < self.steps:
+            raise IndexError(f"evaluation step {i} of {self.steps}")
+        return self.batches.micro_batches(i * self.global_batch, self.global_batch)
+
+
+def eval_batches(dataset, cfg: JobConfig, dp_rank: int, dp_size: int) -> EvalWindow:
     """The fixed evaluation window (the first eval_iters global batches of the split), so
     every validation point of a run, and of runs compared with each other, sees the same text."""
     sb = StepBatches(dataset, cfg.batch.micro_batch_size, dp_rank, dp_size)
-    g = cfg.batch.global_batch_size
-    return [sb.micro_batches(i * g, g) for i in range(cfg.eval.eval_iters)]
+    return EvalWindow(sb, cfg.batch.global_batch_size, cfg.eval.eval_iters)

@@ -5,8 +5,10 @@ files: preprocess again into the same prefixes (another dedup threshold, a fixed
 same position means other samples, and "exact resume" is void without a word. Each checkpoint's
 meta.json therefore holds, per prefix of the blend (named relative to the blend, so moving the data
 directory changes nothing): documents, tokens, the .bin's size and the .idx's xxh3-128 (the index
-fixes every sequence's length and place; ~10 GB/s, so a multi-GB index costs seconds once per
-run); and the tokenizer files' digests. A full resume compares them before the first step
+fixes every sequence's length and place; ~10 GB/s, so a multi-GB index costs seconds); and the
+tokenizer files' digests. Rank 0 computes this at every start while the others wait, so the .idx
+digests are cached in the data cache dir (`idx_xxh3.json`, keyed by path, size, mtime and inode):
+a restart on unchanged files reads no index. A full resume compares them before the first step
 (`differences`); weights-only loads (continued pretraining, export) do not.
 
 The same files read in another order are other data at the same position too, so `order` records
@@ -21,12 +23,15 @@ Checkpoints written before `order` was recorded are compared on their files only
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import struct
 from dataclasses import asdict
 from pathlib import Path
 
 from common.digest import tree_digests, xxh3
+from common.files import write_atomic
 from preprocessing.blend import read_blend
 from preprocessing.indexed_io import DTYPE_CODES, HEADER
 
@@ -34,6 +39,7 @@ from ..config.schema import JobConfig
 from .datasets import mix_source_samples, split_sizes
 
 SPLITS = ("train", "valid", "test")
+IDX_CACHE = "idx_xxh3.json"
 SURPLUS = 0.005          # megatron-core's BlendedMegatronDatasetConfig.mid_level_dataset_surplus (its default)
 
 
@@ -56,15 +62,44 @@ def data_identity(cfg: JobConfig) -> dict:
         path, root = Path(prefix).resolve(), blend.parent.resolve()
         return str(path.relative_to(root)) if path.is_relative_to(root) else prefix
 
+    cache_file = Path(cfg.data.cache_dir or blend.parent / "cache") / IDX_CACHE
+    cache = _read_cache(cache_file)
     sources = {}
     for prefixes, _ in splits.values():
         for prefix in prefixes:
             documents, itemsize = _index_counts(prefix)
             size = Path(f"{prefix}.bin").stat().st_size
             sources[name_of(prefix)] = {"documents": documents, "tokens": size // itemsize, "bin_bytes": size,
-                                        "idx_xxh3": xxh3(Path(f"{prefix}.idx"))}
+                                        "idx_xxh3": _idx_digest(Path(f"{prefix}.idx"), cache)}
+    _write_cache(cache_file, cache)
     return {"sources": sources, "tokenizer": tree_digests(cfg.data.tokenizer.path),
             "order": order_identity(cfg, splits, name_of, sources)}
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(path: Path, cache: dict) -> None:
+    try:
+        if _read_cache(path) != cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(cache, indent=1, sort_keys=True))
+    except OSError:
+        pass                             # a read-only data directory: the digests are computed each start
+
+
+def _idx_digest(idx: Path, cache: dict) -> str:
+    """xxh3 of an .idx, from `cache` while its size, mtime and inode are those it was hashed at."""
+    st = os.stat(idx)
+    key, stamp = str(idx.resolve()), [st.st_size, st.st_mtime_ns, st.st_ino]
+    entry = cache.get(key)
+    if entry is None or entry["stat"] != stamp:
+        entry = cache[key] = {"stat": stamp, "xxh3": xxh3(idx)}
+    return entry["xxh3"]
 
 
 def _normalised(weights) -> list:

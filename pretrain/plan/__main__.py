@@ -99,6 +99,16 @@ def render(plan: dict) -> str:
                      f"({plan['peak_tflops_per_gpu']} TFLOP/s peak)")
     else:
         lines.append(f"  time to budget    n/a on {plan['gpu_type']} (no peak FLOP/s; set cluster.gpu_type)")
+    if "saves" in plan:
+        sv = plan["saves"]
+        steps = (f"every {sv['save_interval']} steps (~{sv['minutes_between_saves_by_steps']:,.0f} min at "
+                 f"{sv['step_seconds']:.2f} s/step: time to budget / steps)" if sv["save_interval"]
+                 else "no step interval")
+        timed = (f"every {sv['save_interval_minutes']:g} min of wall time" if sv["save_interval_minutes"]
+                 else "no wall-time interval")
+        gap = (f"a fault loses at most ~{sv['minutes_between_saves']:,.0f} min" if sv["minutes_between_saves"]
+               else "no periodic saves: a fault loses the run since its start")
+        lines.append(f"  saves             {steps}, or {timed}, whichever first: {gap}")
     return "\n".join(lines)
 
 

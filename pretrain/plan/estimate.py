@@ -89,6 +89,8 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] =
                    "micro_batch": cfg.batch.micro_batch_size, "global_batch": cfg.batch.global_batch_size,
                    "num_microbatches": d.num_microbatches, "ep": p.expert_model_parallel_size},
     }
+    if seconds:
+        plan["saves"] = saves_plan(cfg, seconds / d.train_iters)
     if cfg.model.arch in ENCDEC_ARCHS:     # per-token FLOPs are a sample's / seq_length (inventory_encdec.py)
         plan["encdec"] = encdec_plan(cfg, flops)
     if cfg.model.mla.enabled:
@@ -100,6 +102,18 @@ def make_plan(cfg: JobConfig, gpus: Optional[int] = None, mfu: Optional[float] =
     if teacher is not None:
         plan["distill"] = distill_plan(cfg, teacher, flops, mem)
     return plan
+
+
+def saves_plan(cfg: JobConfig, step_s: float) -> dict:
+    """How far apart saves land at the modelled step time: every checkpoint.save_interval steps, or sooner when
+    checkpoint.save_interval_minutes of wall time passed; the larger gap is what one fault can lose."""
+    c = cfg.checkpoint
+    by_steps = c.save_interval * step_s / 60 if c.save_interval > 0 else None
+    gaps = [m for m in (by_steps, c.save_interval_minutes or None) if m]
+    return {"step_seconds": round(step_s, 3), "save_interval": c.save_interval,
+            "save_interval_minutes": c.save_interval_minutes,
+            "minutes_between_saves_by_steps": round(by_steps, 1) if by_steps else None,
+            "minutes_between_saves": round(min(gaps), 1) if gaps else None}
 
 
 def peft_plan(cfg: JobConfig, params: dict, flops: dict) -> dict:

@@ -3,6 +3,7 @@ kept out of the loop's own code. The loop makes one call per step, `FaultDrill.b
 step's micro-batches are built and before the engine runs them.
 
     hang_at_step          the rank stops before that step (the watchdog's drill)
+    raise_at_step         the rank raises before that step, once per run (the requeue drill: one rank's exception)
     nan_at_step           the rank's loss mask is NaN (the non-finite guard's drill)
     preempt_at_step       the rank sends itself SIGUSR1 (the preemption drill)
     nan_weights_at_step   the rank's first parameter is NaN before the step (no save from NaN weights)
@@ -10,13 +11,16 @@ step's micro-batches are built and before the engine runs them.
 
 The slow-rank drill (`fault.slow_rank_ms`) is timed inside the compute window it slows, in
 observability/straggler.py. Each fault fires once per process: a rollback that returns to the step
-must not meet it again (the bad data was skipped).
+must not meet it again (the bad data was skipped). `raise_at_step` fires once per run directory: the
+restart it causes resumes from an earlier step and must get past it (<run_dir>/fault-raised-<step>).
 """
 from __future__ import annotations
 
 import os
 import signal
 import time
+from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -27,10 +31,15 @@ def inject_hang() -> None:
         time.sleep(3600)
 
 
+class InjectedFault(RuntimeError):
+    """fault.raise_at_step: one rank's exception (a CUDA error or I/O error, say) in the middle of a run."""
+
+
 class FaultDrill:
-    def __init__(self, fault, engine, vocab_size: int):
+    def __init__(self, fault, engine, vocab_size: int, run_dir: Optional[Path] = None):
         self.fault, self.engine, self.vocab_size = fault, engine, vocab_size
         self.fired: set = set()
+        self.run_dir = Path(run_dir) if run_dir is not None else None
 
     def before_step(self, micro: list, step: int, rank: int) -> None:
         """Poison step `step`'s micro-batches in place, or this process, as `fault.*` asks."""
@@ -38,6 +47,8 @@ class FaultDrill:
         if step == f.hang_at_step and rank == f.rank:
             print(f"FAULT INJECTED: rank {rank} stops before step {step}", flush=True)
             inject_hang()
+        if step == f.raise_at_step and rank == f.rank:
+            self._raise_once(step, rank)
         if step in self.fired:
             return
         self.fired.add(step)
@@ -56,3 +67,12 @@ class FaultDrill:
             gen = torch.Generator().manual_seed(step)
             for mb in micro:
                 mb["labels"] = torch.randint(0, self.vocab_size, mb["labels"].shape, generator=gen)
+
+    def _raise_once(self, step: int, rank: int) -> None:
+        marker = self.run_dir / f"fault-raised-{step}" if self.run_dir is not None else None
+        if marker is not None and marker.exists():
+            return                           # an earlier start of this run raised here; its restart goes on
+        if marker is not None:
+            marker.touch()
+        print(f"FAULT INJECTED: rank {rank} raises before step {step}", flush=True)
+        raise InjectedFault(f"fault.raise_at_step={step}: rank {rank} raised (a drill)")

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from ..dist import rank
+from .exit_codes import REQUEUE_EXIT  # noqa: F401 (re-exported: launch/, loop.py, train.py)
 
-REQUEUE_EXIT = 75            # EX_TEMPFAIL: "try again"; launch/templates/sbatch.j2 requeues on it
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
