@@ -23,6 +23,7 @@ from typing import List
 import jinja2
 
 from common.paths import REPO_ROOT
+from pretrain.stability.exit_codes import REQUEUE_EXIT
 
 TEMPLATE = Path(__file__).parent / "templates" / "sbatch.j2"
 # srun --wait: once one task of a step has exited 0, the others get this long before SLURM ends the step (one
@@ -76,7 +77,6 @@ def checkpoint_gb(job) -> float:
 
 
 def render(job, run_dir: Path) -> str:
-    from pretrain.stability.exit_codes import REQUEUE_EXIT
     c = job.cluster
     torchrun = c.launcher != "srun"
     # cluster.cpus_per_task is per rank: one srun task per GPU gets it; srun-torchrun's one task per node
