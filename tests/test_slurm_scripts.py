@@ -298,7 +298,8 @@ def test_every_step_ends_with_its_first_bad_rank_and_any_failure_but_a_refusal_r
     # a rank's exception (srun reports 143: its peers were terminated): requeued, 60 s out, then 120 s
     code, out, calls = job_after_its_step(tmp_path, "exit 143")
     assert code == 0 and "step failed (exit 143): requeueing in 60 s (restart 1 of at most 2)" in out, out
-    assert calls[:2] == ["requeue 7", "update JobId=7 StartTime=now+60"]
+    # requeued held until its begin time is set, then released
+    assert calls == ["requeuehold 7", "update JobId=7 StartTime=now+60", "release 7"]
     code, out, calls = job_after_its_step(tmp_path, "exit 1", restarts=1)
     assert code == 0 and "requeueing in 120 s (restart 2 of at most 2)" in out, out
     # a preemption's checkpoint: at once (2 s); the hang watchdog's dumps are named
