@@ -50,6 +50,7 @@ export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS TASKS LIM
 export PREPROCESS_CONFIG := $(PREPROCESS)
 
 STAMP := $(VENV)/.installed
+CODE := $(wildcard common pretrain preprocessing evals launch tests hydra_plugins)
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -59,13 +60,17 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo ">> torch==2.13.0 first (the CPU wheel on this disk, else PyPI's), and uv, which installs the pinned rest"
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 uv==0.13.9
 	@echo ">> deepspeed (its sdist imports torch at build time: no build isolation; C++ ops are JIT-built on use)"
-	DS_BUILD_OPS=0 $(VENV)/bin/uv pip install -q --python $(PY) -c constraints.txt \
+	DS_BUILD_OPS=0 $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt \
 	    --no-build-isolation-package deepspeed deepspeed==0.19.8 \
 	|| DS_BUILD_OPS=0 $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-build-isolation \
 	    deepspeed==0.19.8
 	@# uv installs the same pinned set as pip, 1:49 against 5:07 from empty caches (README); where it cannot
 	@# reach the index pip can (a mirror set only in pip.conf), pip installs it
-	$(VENV)/bin/uv pip install -q --python $(PY) -c constraints.txt -e '.[dev]' --config-settings editable_mode=compat \
+	@# --compile-bytecode: uv writes no .pyc by default (pip does), and where PYTHONDONTWRITEBYTECODE is set (this
+	@# machine, CI) every process would compile megatron-core, DeepSpeed and transformers from source again: ~4 s
+	@# of CPU per process that imports them (docs/testing.md)
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt -e '.[dev]' \
+	    --config-settings editable_mode=compat \
 	|| $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' \
 	    --config-settings editable_mode=compat
 	@if [ -z "$$SKIP_GPU_EXTRA" ] && nvidia-smi -L >/dev/null 2>&1; then \
@@ -80,14 +85,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)  ## create .venv with pinned deps (idempotent)
 
-test: $(STAMP)  ## the whole test suite (CI's command; < 15 min on 2 cores)
+test: $(STAMP)  ## the whole test suite (CI's command; < 13 min on 2 cores)
+	@$(PY) -m compileall -q -j 0 $(CODE) >/dev/null   # .pyc even where PYTHONDONTWRITEBYTECODE is set (CI)
 	$(PY) -m pytest -q --durations=30
 
 test-fast: $(STAMP)  ## unit tier for the edit-test loop: no torchrun, SLURM or end-to-end make (< 2 min)
+	@$(PY) -m compileall -q -j 0 $(CODE) >/dev/null
 	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)  ## ruff
-	$(PY) -m ruff check $(wildcard common pretrain preprocessing evals launch tests hydra_plugins)
+	$(PY) -m ruff check $(CODE)
 
 config: $(STAMP)  ## print the resolved, validated config of RECIPE (with derived values)
 	$(PY) -m pretrain.config
