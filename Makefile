@@ -91,7 +91,8 @@ test: $(STAMP)  ## the whole test suite (CI's command; < 13 min on 2 cores)
 
 test-fast: $(STAMP)  ## unit tier for the edit-test loop: no torchrun, SLURM or end-to-end make (< 2 min)
 	@$(PY) -m compileall -q -j 0 $(CODE) >/dev/null
-	$(PY) -m pytest -q -m "not slow"
+	@# one pytest-xdist worker per core, a test file each at a time (its module fixtures built once)
+	$(PY) -m pytest -q -m "not slow" -n $(shell nproc) --dist loadfile
 
 lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check $(CODE)
