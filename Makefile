@@ -146,7 +146,7 @@ ladder: $(STAMP)  ## LADDER=demo|gpu|<file.yaml> [OVERRIDES=...] [RUN=dir: fit o
 export: $(STAMP)  ## RUN=<run_dir> | CKPT=<ckpt> OUTPUT=<dir> [STEP=N]: a checkpoint of either engine -> HF transformers dir
 	$(PY) -m pretrain.hf.convert export
 
-import-hf: $(STAMP)  ## INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<ckpt dir>: HF GPT-2/Llama -> our checkpoint (step 0)
+import-hf: $(STAMP)  ## INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<ckpt dir>: an HF directory of a family with an import (docs/export-and-evals.md) -> our checkpoint (step 0)
 	$(PY) -m pretrain.hf.convert import
 
 eval-data: $(STAMP)  ## [TASKS=hyperbaton,winowhy,...] [RECIPE=...]: BIG-bench MC tasks + held-out perplexity -> data/evals/tasks

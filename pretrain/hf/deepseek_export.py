@@ -1,4 +1,4 @@
-"""megatron-core GPTModel with multi-head latent attention (model.mla) -> transformers' DeepseekV3ForCausalLM.
+"""megatron-core GPTModel with multi-head latent attention (model.mla) <-> transformers' DeepseekV3ForCausalLM.
 
 Every MLA recipe exports here (dense ones too: first_k_dense_replace = every layer). Checked against
 transformers 5.23's modeling_deepseek_v3.py and megatron-core 0.16.1's multi_latent_attention.py / moe_utils.py
@@ -39,7 +39,7 @@ ARCHITECTURE = "DeepseekV3ForCausalLM"
 LATENT_NORM_EPS = 1e-6      # transformers' DeepseekV3Attention builds q_a_layernorm / kv_a_layernorm with the default
 TE_MLA_NAMES = {"self_attention.linear_q_up_proj.layer_norm_weight": "self_attention.q_layernorm.weight",
                 "self_attention.linear_kv_up_proj.layer_norm_weight": "self_attention.kv_layernorm.weight"}
-Rule = Tuple[Tuple[str, ...], Tuple[str, ...], Callable]      # our keys, HF keys, ours -> theirs
+Rule = Tuple[Tuple[str, ...], Tuple[str, ...], Callable, Callable]    # our keys, HF keys, to HF, from HF
 
 
 def architecture(cfg: JobConfig) -> str:
@@ -129,15 +129,26 @@ def _stack(*w):
     return (torch.stack(w),)
 
 
-def rules(cfg: JobConfig, vocab_size: int, state: State) -> List[Rule]:
-    """Every tensor of the main model: our keys, HF keys, the conversion. `state` only says whether the
-    routers carry an expert bias (moe.expert_bias=false: HF's correction bias is zeros)."""
-    m, moe = cfg.model, cfg.moe
+def _joined(gate, up):
+    return (torch.cat([gate, up]),)
+
+
+def _unstacked(w):
+    return tuple(w.unbind(0))
+
+
+def rules(cfg: JobConfig, vocab_size: int, expert_bias: bool) -> List[Rule]:
+    """Every tensor of the main model: our keys, HF keys, the conversion each way (one table for export and
+    import). `expert_bias`: the routers carry one (without, HF's correction bias is zeros)."""
+    m, moe, padded = cfg.model, cfg.moe, cfg.derived.padded_vocab_size
 
     def unpad(w):
         return (w[:vocab_size],)
 
-    table: List[Rule] = [(("embedding.word_embeddings.weight",), ("model.embed_tokens.weight",), unpad)]
+    def pad(w):
+        return (torch.cat([w, w.new_zeros(padded - w.shape[0], *w.shape[1:])]) if w.shape[0] < padded else w,)
+
+    table: List[Rule] = [(("embedding.word_embeddings.weight",), ("model.embed_tokens.weight",), unpad, pad)]
     pattern = moe_layer_pattern(moe, m.num_layers) if moe.enabled else [0] * m.num_layers
     q = (("linear_q_down_proj", "q_a_proj"), ("q_layernorm", "q_a_layernorm"), ("linear_q_up_proj", "q_b_proj")) \
         if m.mla.q_lora_rank is not None else (("linear_q_proj", "q_proj"),)
@@ -145,32 +156,44 @@ def rules(cfg: JobConfig, vocab_size: int, state: State) -> List[Rule]:
                      ("linear_kv_up_proj", "kv_b_proj"), ("linear_proj", "o_proj"))
     for i in range(m.num_layers):
         ours, hf = f"decoder.layers.{i}.", f"model.layers.{i}."
-        table += [((f"{ours}input_layernorm.weight",), (f"{hf}input_layernorm.weight",), _same),
-                  ((f"{ours}pre_mlp_layernorm.weight",), (f"{hf}post_attention_layernorm.weight",), _same)]
-        table += [((f"{ours}self_attention.{a}.weight",), (f"{hf}self_attn.{b}.weight",), _same) for a, b in attention]
+        table += [((f"{ours}input_layernorm.weight",), (f"{hf}input_layernorm.weight",), _same, _same),
+                  ((f"{ours}pre_mlp_layernorm.weight",), (f"{hf}post_attention_layernorm.weight",), _same, _same)]
+        table += [((f"{ours}self_attention.{a}.weight",), (f"{hf}self_attn.{b}.weight",), _same, _same)
+                  for a, b in attention]
         if not pattern[i]:
             table += _mlp_rules(f"{ours}mlp.", f"{hf}mlp.")
             continue
         local = [f"{ours}mlp.experts.local_experts.{e}." for e in range(moe.num_experts)]
-        table += [((f"{ours}mlp.router.weight",), (f"{hf}mlp.gate.weight",), _same),
-                  (tuple(f"{x}linear_fc1.weight" for x in local), (f"{hf}mlp.experts.gate_up_proj",), _stack),
-                  (tuple(f"{x}linear_fc2.weight" for x in local), (f"{hf}mlp.experts.down_proj",), _stack)]
+        table += [((f"{ours}mlp.router.weight",), (f"{hf}mlp.gate.weight",), _same, _same),
+                  (tuple(f"{x}linear_fc1.weight" for x in local), (f"{hf}mlp.experts.gate_up_proj",), _stack,
+                   _unstacked),
+                  (tuple(f"{x}linear_fc2.weight" for x in local), (f"{hf}mlp.experts.down_proj",), _stack,
+                   _unstacked)]
         table += _mlp_rules(f"{ours}mlp.shared_experts.", f"{hf}mlp.shared_experts.")
-        bias = f"{ours}mlp.router.expert_bias"
-        if bias in state:
-            table.append(((bias,), (f"{hf}mlp.gate.e_score_correction_bias",), _same))
+        correction = f"{hf}mlp.gate.e_score_correction_bias"
+        if expert_bias:
+            table.append(((f"{ours}mlp.router.expert_bias",), (correction,), _same, _same))
         else:
-            table.append(((), (f"{hf}mlp.gate.e_score_correction_bias",),
-                          lambda: (torch.zeros(moe.num_experts),)))
-    table.append((("decoder.final_layernorm.weight",), ("model.norm.weight",), _same))
+            table.append(((), (correction,), lambda: (torch.zeros(moe.num_experts),), _no_bias(correction)))
+    table.append((("decoder.final_layernorm.weight",), ("model.norm.weight",), _same, _same))
     if m.untie_embeddings_and_output_weights:
-        table.append((("output_layer.weight",), ("lm_head.weight",), unpad))
+        table.append((("output_layer.weight",), ("lm_head.weight",), unpad, pad))
     return table
 
 
+def _no_bias(name: str) -> Callable:
+    """Import into a recipe without an expert bias: HF's correction bias must be zeros, or the routing differs."""
+    def check(bias):
+        if bias.abs().max().item() != 0:
+            raise ValueError(f"{name} is non-zero, the recipe has moe.expert_bias=false (its routers would choose "
+                             "other experts). Fix: moe.expert_bias=true")
+        return ()
+    return check
+
+
 def _mlp_rules(ours: str, hf: str) -> List[Rule]:
-    return [((f"{ours}linear_fc1.weight",), (f"{hf}gate_proj.weight", f"{hf}up_proj.weight"), _halves),
-            ((f"{ours}linear_fc2.weight",), (f"{hf}down_proj.weight",), _same)]
+    return [((f"{ours}linear_fc1.weight",), (f"{hf}gate_proj.weight", f"{hf}up_proj.weight"), _halves, _joined),
+            ((f"{ours}linear_fc2.weight",), (f"{hf}down_proj.weight",), _same, _same)]
 
 
 def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
@@ -184,7 +207,8 @@ def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
         s[key] = value
     out: State = {}
     used = set()
-    for ours, theirs, forward in rules(cfg, vocab_size, s):
+    bias = any(k.endswith("mlp.router.expert_bias") for k in s)
+    for ours, theirs, forward, _ in rules(cfg, vocab_size, bias):
         out.update(zip(theirs, forward(*(s[k] for k in ours)), strict=True))
         used.update(ours)
     left = sorted(set(s) - used)
@@ -192,3 +216,53 @@ def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
         raise ValueError(f"DeepseekV3 export: {len(left)} tensors of the checkpoint have no place in "
                          f"{ARCHITECTURE}: {left[:5]}")
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def from_hf(hf: State, cfg: JobConfig) -> State:
+    """DeepseekV3ForCausalLM's state dict -> ours (vocab rows padded with zeros). A tensor of either side that the
+    other lacks is an error naming it; so is an MTP recipe (transformers' DeepseekV3 holds no MTP module)."""
+    if cfg.model.mtp_num_layers:
+        raise ValueError(f"model.mtp_num_layers={cfg.model.mtp_num_layers}: transformers' {ARCHITECTURE} holds no "
+                         "multi-token prediction module to import. Fix: model.mtp_num_layers=0 (MTP layers can be "
+                         "added when training from the import only with freshly initialised weights: not done here)")
+    hf = {k: v.detach().float().cpu() for k, v in hf.items()}
+    used = {"lm_head.weight"} if not cfg.model.untie_embeddings_and_output_weights else set()   # the tied copy
+    table = rules(cfg, hf["model.embed_tokens.weight"].shape[0], cfg.moe.enabled and cfg.moe.expert_bias)
+    absent = [k for _, theirs, _, _ in table for k in theirs if k not in hf]
+    if absent:
+        raise ValueError(f"the HF model lacks {len(absent)} tensors the recipe's model has: {absent[:4]}. Fix: a "
+                         "recipe with the same features (mla.q_lora_rank, moe.first_dense_layers, untied embeddings)")
+    ours: State = {}
+    for our_keys, theirs, _, backward in table:
+        ours.update(zip(our_keys, backward(*(hf[k] for k in theirs)), strict=True))
+        used.update(theirs)
+    left = sorted(set(hf) - used)
+    if left:
+        raise ValueError(f"{len(left)} tensors of the HF model have no place in the recipe's model: {left[:4]}")
+    return {k: v.contiguous() for k, v in ours.items()}
+
+
+def mismatch(config, cfg: JobConfig) -> str:
+    """Where a DeepseekV3 directory's config differs from what the recipe computes, each naming the field and the
+    fix; what no recipe reproduces (YaRN RoPE, as DeepSeek-V3's published config) named. Shapes are checked
+    tensor by tensor at import."""
+    ours = hf_config(cfg, config.vocab_size, bos=0, eos=0)
+    fixes = {"first_k_dense_replace": "moe.first_dense_layers", "n_routed_experts": "moe.num_experts",
+             "num_experts_per_tok": "moe.router_topk", "n_group": "moe.num_groups", "topk_group": "moe.group_topk",
+             "norm_topk_prob": "moe.router_topk (renormalised when > 1)",
+             "routed_scaling_factor": "moe.topk_scaling_factor", "rms_norm_eps": "model.layernorm_epsilon",
+             "rope_interleave": "(megatron-core's MLA rotates interleaved only)", "hidden_act": "model.activation"}
+    problems = [f"{field}={getattr(config, field, None)}, the recipe's {getattr(ours, field, None)} ({fix})"
+                for field, fix in fixes.items() if getattr(config, field, None) != getattr(ours, field, None)]
+    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        problems.append(f"rope_parameters.rope_type={kind!r}: the recipes' MLA builds plain RoPE (megatron-core "
+                        "0.16.1's MLA YaRN is not wired to a recipe field), so no recipe reproduces this model")
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+    if theta is not None and float(theta) != float(cfg.model.rotary_base):
+        problems.append(f"rope_theta={theta:g}, the recipe's model.rotary_base={cfg.model.rotary_base}. Fix: "
+                        f"model.rotary_base={theta:.0f}")
+    if getattr(config, "attention_bias", False):
+        problems.append("attention_bias=true: the recipe's MLA has no biases")
+    return "; ".join(problems)

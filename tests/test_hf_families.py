@@ -1,0 +1,238 @@
+"""Every Hugging Face family with an import (pretrain/hf/families/), one parametrised round trip with real transformers.
+
+A tiny random model written by transformers from the family's own config (no hub; every norm and bias moved off its
+init, so a misplaced one shows) imports through `make import-hf`'s code with logits equal to transformers' within
+1e-4 in fp32, exports back through `make export`'s code to the same tensors, trains 10 steps in this process from the
+import (continued pretraining, falling loss; the TRAINED families: all), and the trained checkpoint
+exports to logits within 1e-4 of the trained model's own. Config fields a family cannot map are refused by name
+(each one tried)."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pretrain.config.compose import load_recipe
+
+VOCAB = 512
+SMALL = ["data=mock", "data.tokenizer.type=hf", f"model.vocab_size={VOCAB}", "model.seq_length=64",
+         "cluster.devices_per_node=1", "parallel.expert_model_parallel_size=1", "batch.global_batch_size=8",
+         "stability.watchdog_minutes=0"]
+# family: (recipe, overrides). llama carries Llama-3.1's rope_scaling; ministral's window (32) is under the 48
+# positions compared; deepseek_v3 at 3 layers with top-4 of 8 experts in 4 groups of which 2 are used (what
+# transformers' group ranking needs) and no MTP layer (transformers' DeepseekV3 has none to import)
+FAMILIES = {
+    "gpt2": ("gpt-tiny", []),
+    "llama": ("llama-tiny", ["model.rotary_base=500000", "model.rope_scaling=true"]),
+    "ministral": ("llama-tiny-swa", []),
+    "mixtral": ("moe-tiny", []),
+    "qwen3": ("qwen3-tiny", []),
+    "qwen3_moe": ("qwen3-moe-tiny", []),
+    "deepseek_v3": ("deepseek-tiny", ["model.num_layers=3", "model.mtp_num_layers=0"]),
+}
+# the families whose import also trains 10 steps here (continued pretraining, then export of the trained run): all of
+# them, ~4 s of CPU each on top of the import/export (deepseek_v3 the most); narrow this to cut make test's time
+TRAINED = tuple(FAMILIES)
+
+
+@pytest.mark.parametrize("recipe,family", [
+    ("gpt-tiny", "gpt2"), ("llama-tiny", "llama"), ("llama-tiny-swa", "ministral"), ("moe-tiny", "mixtral"),
+    ("qwen3-tiny", "qwen3"), ("qwen3-moe-tiny", "qwen3_moe"), ("deepseek-tiny", "deepseek_v3"),
+    ("bert-tiny", "megatron_bert"), ("t5-tiny", "t5")])
+def test_each_recipe_belongs_to_one_family(recipe, family):
+    from pretrain.hf.exporters import all_exporters, for_recipe
+    cfg = load_recipe(recipe)
+    assert [e.name for e in all_exporters() if e.claims(cfg)] == [family] and for_recipe(cfg).name == family
+    assert for_recipe(cfg).unsupported(cfg) == ([] if family != "t5" else for_recipe(cfg).unsupported(cfg))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from preprocessing.tokenizer_io import train_bpe
+    out = tmp_path_factory.mktemp("tok") / "tokenizer"
+    train_bpe([Path(__file__).read_text()], vocab_size=VOCAB, min_frequency=2, out_dir=out)
+    return out
+
+
+def recipe_of(family: str, tokenizer=None, extra=()):
+    recipe, overrides = FAMILIES[family]
+    return load_recipe(recipe, [*SMALL, *overrides, *extra] + ([f"data.tokenizer.path={tokenizer}"] if tokenizer
+                                                               else []))
+
+
+def random_hf_model(cfg, exporter):
+    """transformers' own model of the family's config, random, with norms, biases and expert biases moved off."""
+    import transformers
+    config = exporter.hf_config(cfg, VOCAB, bos=0, eos=0)
+    config.initializer_range = 0.08              # attention sharp enough for positions and norms to show
+    torch.manual_seed(0)
+    model = getattr(transformers, exporter.architecture(cfg))(config)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in [*model.named_parameters(), *model.named_buffers()]:
+            if p.is_floating_point() and ("norm" in name or ".ln_" in name or name.endswith("correction_bias")
+                                          or (name.endswith("bias") and isinstance(p, torch.nn.Parameter))):
+                p.add_((0.3 if "correction" not in name else 0.05) * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_random_hf_model_imports_and_exports_with_transformers_logits(family, single_rank_megatron, tokenizer,
+                                                                       tmp_path):
+    from safetensors.torch import load_file
+
+    from pretrain.checkpoint.store import resolve
+    from pretrain.hf.convert import export, import_hf, mapping, model_state
+    from tests.test_export import our_logits, ours
+    cfg = recipe_of(family, tokenizer)
+    exporter = mapping(cfg)
+    assert exporter.name == family and exporter.unsupported(cfg) == []
+    hf = random_hf_model(cfg, exporter)
+    hf.save_pretrained(str(tmp_path / "hf"))
+    ids = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = hf(ids).logits.float()
+    ckpt = import_hf(tmp_path / "hf", cfg, tmp_path / "imported")
+    mine = our_logits(ours(model_state(resolve(ckpt), cfg), cfg), ids)[..., :VOCAB]
+    assert (mine - theirs).abs().max().item() < 1e-4 and theirs.std().item() > 0.1
+
+    out = export(ckpt, tmp_path / "out", str(tokenizer))
+    first, again = load_file(tmp_path / "hf" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
+    assert json.loads((out / "config.json").read_text())["architectures"] == [exporter.architecture(cfg)]
+    if family in TRAINED:
+        trains_and_exports(family, tokenizer, tmp_path, ids, theirs)
+
+
+def trains_and_exports(family, tokenizer, tmp_path, ids, imported_logits):
+    """Continued pretraining from the import: 10 steps in this process with falling loss, then the trained
+    checkpoint exports to logits within 1e-4 of the trained model's own."""
+    from transformers import AutoModelForCausalLM
+
+    from pretrain.checkpoint.store import resolve
+    from pretrain.hf.convert import export, model_state
+    from pretrain.train import trainer_for
+    from tests.test_export import our_logits, ours
+    from tests.training import records
+    run = tmp_path / "run"
+    job = recipe_of(family, tokenizer, ["schedule.train_iters=10", "schedule.lr_warmup=2", "logging.log_interval=1",
+                                        "eval.eval_interval=0", "eval.final_test=false", "logging.tensorboard=false",
+                                        f"run_dir={run}", f"checkpoint.load={tmp_path / 'imported'}",
+                                        "checkpoint.load_weights_only=true"])
+    trainer_for(job, run).train()
+    losses = [r["loss"] for r in records(run)]
+    assert len(losses) == 10 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.1, losses
+    trained = resolve(run / "checkpoints")
+    assert trained.meta["step"] == 10
+    mine = our_logits(ours(model_state(trained, job), job), ids)[..., :VOCAB]
+    assert (mine - imported_logits).abs().max().item() > 1e-3          # training moved it
+    back = AutoModelForCausalLM.from_pretrained(str(export(trained.path, tmp_path / "trained-hf")),
+                                                dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (back(ids).logits.float() - mine).abs().max().item() < 1e-4
+
+
+# family, a field of its HF config set to what no recipe of it computes, the words the refusal must hold
+REFUSALS = [
+    ("gpt2", {"activation_function": "gelu_new"}, "activation_function=gelu_new: megatron-core's GELU"),
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true"),
+    ("gpt2", {"layer_norm_epsilon": 1e-6}, "Fix: model.layernorm_epsilon=1e-06"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0}},
+     "rope_parameters.rope_type='yarn'"),
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 4.0}},
+     "rope_parameters.rope_type='dynamic'"),
+    ("llama", {"hidden_act": "gelu"}, "hidden_act=gelu"),
+    ("llama", {"attention_bias": True}, "attention_bias=true"),
+    ("llama", {"mlp_bias": True}, "mlp_bias=true"),
+    ("ministral", {"layer_types": ["sliding_attention"] * 4}, "Fix: model.window_size=32 and model.global_layers=[]"),
+    ("ministral", {"sliding_window": 17}, "Fix: model.window_size=16 and model.global_layers=[3]"),
+    ("mixtral", {"num_experts_per_tok": 1}, "Fix: moe.router_topk=1"),
+    ("mixtral", {"sliding_window": 4096}, "its windowed layers are [0, 1, 2, 3] with window 4095"),
+    ("qwen3", {"use_sliding_window": True}, "use_sliding_window=true"),
+    ("qwen3", {"hidden_act": "gelu"}, "hidden_act=gelu: the recipe's SwiGLU is silu-gated"),
+    ("qwen3_moe", {"norm_topk_prob": False}, "Fix: moe.pre_softmax=true"),
+    ("qwen3_moe", {"num_experts_per_tok": 3}, "Fix: moe.router_topk=3"),
+    ("deepseek_v3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0}},
+     "rope_parameters.rope_type='yarn'"),
+    ("deepseek_v3", {"n_group": 8}, "n_group=8, the recipe's 4 (moe.num_groups)"),
+    ("deepseek_v3", {"routed_scaling_factor": 1.0}, "routed_scaling_factor=1.0, the recipe's 2.5"),
+]
+
+
+@pytest.mark.parametrize("family,fields,named", REFUSALS, ids=[f"{f}-{next(iter(x))}" for f, x, _ in REFUSALS])
+def test_what_a_family_cannot_map_is_refused_by_name(family, fields, named):
+    from pretrain.hf.convert import mapping
+    cfg = recipe_of(family)
+    exporter = mapping(cfg)
+    config = exporter.hf_config(cfg, VOCAB, bos=0, eos=0)
+    assert exporter.mismatch(config, cfg) == ""
+    for field, value in fields.items():
+        setattr(config, field, value)
+    assert named in exporter.mismatch(config, cfg)
+
+
+def test_a_deepseek_v3_import_refuses_mtp_and_a_correction_bias_the_recipe_lacks(tmp_path):
+    from pretrain.hf.convert import mapping
+    cfg = recipe_of("deepseek_v3")
+    hf = random_hf_model(cfg, mapping(cfg)).state_dict()
+    with pytest.raises(ValueError, match=r"model.mtp_num_layers=1: transformers' DeepseekV3ForCausalLM holds no "
+                                         r"multi-token prediction module to import\. Fix: model.mtp_num_layers=0"):
+        mapping(cfg).from_hf(hf, recipe_of("deepseek_v3", extra=["model.mtp_num_layers=1"]))
+    unbiased = recipe_of("deepseek_v3", extra=["moe.expert_bias=false"])
+    with pytest.raises(ValueError, match=r"model.layers.1.mlp.gate.e_score_correction_bias is non-zero, the recipe "
+                                         r"has moe.expert_bias=false .* Fix: moe.expert_bias=true"):
+        mapping(cfg).from_hf(hf, unbiased)
+    zero = {k: (torch.zeros_like(v) if k.endswith("correction_bias") else v) for k, v in hf.items()}
+    ours = mapping(cfg).from_hf(zero, unbiased)
+    assert not any("expert_bias" in k for k in ours) and len(ours) == len(mapping(cfg).from_hf(hf, cfg)) - 2
+
+
+def test_what_docs_say_megatron_core_lacks_for_olmo2_and_gemma3_it_lacks():
+    """docs/export-and-evals.md 'Families not built': each missing part, read from megatron-core 0.16.1 itself."""
+    import inspect
+    from dataclasses import fields
+
+    from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+    from megatron.core.transformer.attention import SelfAttention
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import TransformerLayerSubmodules
+    slots = [f.name for f in fields(TransformerLayerSubmodules)]
+    norms = [s for s in slots if "norm" in s]
+    assert norms == ["input_layernorm", "pre_cross_attn_layernorm", "pre_mlp_layernorm"]   # no norm after a sublayer
+    built = inspect.getsource(SelfAttention.__init__)
+    assert built.count("hidden_size=self.hidden_size_per_attention_head") == 2 and "q_layernorm" in built
+    config = [f.name for f in fields(TransformerConfig)]
+    assert not [c for c in config if "softcap" in c or "logit_cap" in c]
+    assert not [c for c in config if "local" in c and ("rope" in c or "rotary" in c)]
+    assert "sqrt" not in inspect.getsource(LanguageModelEmbedding) and "scale" not in inspect.getsource(
+        LanguageModelEmbedding.forward)
+
+
+def test_gpt_oss_clamped_glu_is_megatron_cores_mlp_with_offset_and_clamp(single_rank_megatron):
+    """gpt-oss's expert activation (transformers' GptOssExperts: gate, up clamped at 7, gate * sigmoid(1.702 gate) *
+    (up + 1)) is megatron-core's MLP with quick_gelu, glu_linear_offset=1, activation_func_clamp_value=7, biases."""
+    from typing import get_args
+
+    from megatron.core.activations import quick_gelu
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.mlp import MLP, MLPSubmodules
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from pretrain.engines import cpu_compat
+    cpu_compat.apply()
+    model_parallel_cuda_manual_seed(0)
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, ffn_hidden_size=16,
+                               gated_linear_unit=True, activation_func=quick_gelu, glu_linear_offset=1.0,
+                               activation_func_clamp_value=7.0, add_bias_linear=True, bias_activation_fusion=False,
+                               use_cpu_initialization=True, init_method_std=3.0)
+    mlp = MLP(config, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
+    x = 2 * torch.randn(5, 1, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        mine, bias = mlp(x)
+        gate, up = (x @ mlp.linear_fc1.weight.t() + mlp.linear_fc1.bias).chunk(2, dim=-1)
+        gate, up = gate.clamp(max=7.0), up.clamp(min=-7.0, max=7.0)
+        theirs = (up + 1) * (gate * torch.sigmoid(gate * 1.702)) @ mlp.linear_fc2.weight.t()
+    assert (gate == 7.0).any() and (up.abs() == 7.0).any()          # the clamps bite
+    assert (mine + bias - (theirs + mlp.linear_fc2.bias)).abs().max().item() < 1e-4
+    assert "learnable" in get_args(TransformerConfig.__dataclass_fields__["softmax_type"].type)     # attention sinks
