@@ -78,7 +78,8 @@ class Stage:
     enabled: Callable[[PreprocessConfig], bool]                   # False: skipped (and not submitted)
 
 
-STAGES: Registry[Stage] = Registry("preprocessing stage", "stages")
+# Every module of preprocessing/web/ (the `warc` stage, the `url_filter` pass) registers on first look-up.
+STAGES: Registry[Stage] = Registry("preprocessing stage", "stages", discover="preprocessing.web")
 
 
 def register_stage(name: str, *, shards: Optional[Callable[[PreprocessConfig], Optional[int]]] = None,
