@@ -37,7 +37,7 @@ from common.digest import tree_digests
 from common.registry import Registry
 
 from .blend import write_blend
-from .config import InputConfig, PreprocessConfig
+from .config import InputConfig, PreprocessConfig, UrlFilterConfig, WarcConfig
 from .decontaminate import DecontaminatePass
 from .dedup.run import STEPS as DEDUP_STEPS
 from .dedup.run import kept_parts as dedup_kept_parts
@@ -324,6 +324,9 @@ def config_fingerprint(cfg: PreprocessConfig) -> str:
     for section, field, default in (("tokenizer", "algorithm", "bpe"), ("tokenize", "split_sentences", False)):
         if settings[section].get(field) == default:
             settings[section].pop(field)
+    for section, default in (("warc", WarcConfig()), ("url_filter", UrlFilterConfig())):
+        if settings[section] == _settings(default):
+            settings.pop(section)
     return fingerprint(settings, [p for p in cfg.input.paths if Path(p).exists()])
 
 
