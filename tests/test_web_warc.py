@@ -78,12 +78,15 @@ def test_damaged_copies_exact_counts(warcs, tmp_path):
     assert counts.skipped["malformed"] == 1 and len(docs) == 15
 
 
+def record(kind: str, body: bytes, extra: str = "") -> bytes:
+    """One WARC record as Common Crawl's WET files hold them."""
+    head = (f"WARC/1.0\r\nWARC-Type: {kind}\r\nWARC-Record-ID: <urn:uuid:{kind}-{len(body)}>\r\n"
+            f"WARC-Date: 2024-02-20T10:00:00Z\r\n{extra}Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body + b"\r\n\r\n"
+
+
 def test_wet_conversion_records(tmp_path):
     """A WET file as Common Crawl writes it: warcinfo, then `conversion` records of text/plain."""
-    def record(kind: str, body: bytes, extra: str = "") -> bytes:
-        head = (f"WARC/1.0\r\nWARC-Type: {kind}\r\nWARC-Record-ID: <urn:uuid:{kind}-{len(body)}>\r\n"
-                f"WARC-Date: 2024-02-20T10:00:00Z\r\n{extra}Content-Length: {len(body)}\r\n\r\n")
-        return head.encode() + body + b"\r\n\r\n"
     wet = tmp_path / "x.warc.wet.gz"
     wet.write_bytes(gzip.compress(record("warcinfo", b"software: test\r\n")) + gzip.compress(record(
         "conversion", "Grüße aus Köln.\nZweite Zeile.".encode(),
@@ -137,3 +140,28 @@ def test_warc_stage_parts_by_file_and_url_filter(warcs, tmp_path):
     assert sorted(d["url"] for d in results[1][1]) == ["http://example.com/", "http://example.com?example=1",
                                                        "http://example.com?example=2"]
     assert len(list((tmp_path / "work3/warc").glob("part-*.jsonl"))) == 3
+
+
+def test_passes_before_prepare_feed_it(tmp_path):
+    """stages warc -> url_filter -> prepare -> filter -> split on a WET file: prepare reads the url_filter parts
+    (exact dedup over them), the filter pass after prepare reads normalized.jsonl, not the passes before."""
+    pages = [("https://a.example.org/1", "first page text"), ("https://blocked.test/x", "blocked page"),
+             ("https://b.example.org/2", "first page text"), ("https://c.example.org/3", "third page")]
+    wet = tmp_path / "in" / "crawl.warc.wet.gz"
+    wet.parent.mkdir()
+    wet.write_bytes(gzip.compress(record("warcinfo", b"x")) + b"".join(gzip.compress(record(
+        "conversion", text.encode(), f"WARC-Target-URI: {url}\r\nWARC-Record-ID: <urn:uuid:{i}>\r\n"))
+        for i, (url, text) in enumerate(pages)))
+    (tmp_path / "blocked.txt").write_text("blocked.test\n")
+    cfg = stage_cfg(tmp_path, [str(wet)], 2)
+    cfg.url_filter.domain_files = [str(tmp_path / "blocked.txt")]
+    cfg.filters.enabled, cfg.transforms = False, []
+    cfg.stages = ["warc", "url_filter", "prepare", "filter", "split"]
+    for stage in cfg.stages:
+        run_stage(cfg, stage)
+    work = Path(cfg.work_dir)
+    normalized = [json.loads(x) for x in (work / "normalized.jsonl").read_text().splitlines()]
+    assert [d["url"] for d in normalized] == ["https://a.example.org/1", "https://c.example.org/3"]
+    assert json.loads((work / "normalize_removed.jsonl").read_text())["method"] == "exact"
+    assert [d["url"] for d in joined(cfg, "filter")] == ["https://a.example.org/1", "https://c.example.org/3"]
+    assert [r["reason"] for r in joined(cfg, "url_filter", "removed")] == ["url/blocked/domain"]
