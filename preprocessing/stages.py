@@ -19,6 +19,9 @@ inputs and settings is skipped). Built in:
     tokenize    .bin/.idx per split, tokenize.shards tasks  -> <output_dir>/[shards/]
     merge       shards merged in order, blend.json          -> <output_dir>/blend.json
 
+Registered by preprocessing/web/ (docs/web-data.md): `warc` (WARC/WET files -> documents, one task per
+file group -> warc/part-*) and the `url_filter` pass. Passes before `prepare` in `stages` feed it.
+
 A new stage is a function `(cfg, shard) -> summary dict` decorated with
 `@register_stage(name, shards=..., enabled=...)` in any module the config `imports`, then
 named in the config's `stages` list.
