@@ -2,7 +2,9 @@
 copies of them, every record accounted for by reason with exact counts."""
 from __future__ import annotations
 
+import base64
 import gzip
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -165,3 +167,40 @@ def test_passes_before_prepare_feed_it(tmp_path):
     assert json.loads((work / "normalize_removed.jsonl").read_text())["method"] == "exact"
     assert [d["url"] for d in joined(cfg, "filter")] == ["https://a.example.org/1", "https://c.example.org/3"]
     assert [r["reason"] for r in joined(cfg, "url_filter", "removed")] == ["url/blocked/domain"]
+
+
+def response(url: str, http: bytes, digest: str | None = None, extra: str = "") -> bytes:
+    """A response record; `digest`: 'ok' writes the block's true sha1 (base32, as Common Crawl), 'bad' a wrong one."""
+    if digest:
+        sha1 = hashlib.sha1(http if digest == "ok" else http + b"x").digest()
+        extra += f"WARC-Block-Digest: sha1:{base64.b32encode(sha1).decode()}\r\n"
+    return record("response", http, f"WARC-Target-URI: {url}\r\n{extra}")
+
+
+def test_record_checks_and_charsets(tmp_path):
+    """Each reason and charset source on one record made for it; exact counts."""
+    page = "<html><body><p>Grüße aus Köln</p></body></html>"
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=iso-8859-1\r\nContent-Encoding: gzip\r\n\r\n" \
+        + gzip.compress(page.encode("latin-1"))
+    meta = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n<meta charset='windows-1252'>" + page.encode("cp1252")
+    wrong = b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n\r\n" + page.encode("latin-1")
+    path = tmp_path / "made.warc"
+    path.write_bytes(b"".join([
+        response("https://a.test/ok", ok, "ok"),
+        response("https://a.test/bad-digest", ok, "bad"),
+        response("https://a.test/meta", meta),
+        response("https://a.test/wrong-charset", wrong),
+        response("https://a.test/cut", ok, extra="WARC-Truncated: length\r\n"),
+        response("https://a.test/br", b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: br\r\n\r\nx"),
+        response("https://a.test/empty", b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n  "),
+        response("https://a.test/pdf", b"HTTP/1.1 200 OK\r\nContent-Type: application/pdf\r\n\r\n%PDF"),
+        response("https://a.test/moved", b"HTTP/1.1 301 Moved\r\nContent-Type: text/html\r\n\r\n<a>"),
+    ]))
+    docs, counts = read(path)
+    assert [d["url"] for d in docs] == ["https://a.test/ok", "https://a.test/meta", "https://a.test/wrong-charset"]
+    assert dict(counts.skipped) == {"digest_mismatch": 1, "truncated": 1, "content_encoding": 1, "empty_payload": 1,
+                                    "not_html": 1, "http_status": 1}
+    assert dict(counts.decode) == {"http_charset": 1, "meta_charset": 1, "http_charset_failed": 1,
+                                   "utf8_replacement": 1}
+    assert page in docs[0]["html"] and page in docs[1]["html"]
+    assert docs[2]["html"].count("\ufffd") == 3                     # ü, ß, ö: latin-1 bytes under a utf-8 label
