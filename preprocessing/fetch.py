@@ -119,7 +119,7 @@ def web_warcs(out: Path) -> Path:
     """pywb's sample WARC files (WEB_WARCS) from its sdist into `out`."""
     sdist = download(*PACKAGES["web-warc"])
     out.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(sdist) as tar:
+    with exclusive(out / ".web-warc.lock"), tarfile.open(sdist) as tar:    # test workers may fetch it at once
         for name in WEB_WARCS:
             member = next(m for m in tar.getmembers() if m.name.endswith(f"/sample_archive/warcs/{name}"))
             tmp = out / f".{name}.tmp"
