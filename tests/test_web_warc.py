@@ -128,6 +128,7 @@ def test_warc_stage_parts_by_file_and_url_filter(warcs, tmp_path):
         run_stage(cfg, "warc")          # one damaged record of 6 in the part is over input.max_bad_fraction=0.01
     for parts in (1, 3):
         cfg = stage_cfg(tmp_path, [str(warcs)], parts)
+        cfg.fetch = ["web-warc"]                # found in place: fetched by the fixture
         cfg.url_filter.ut1_dirs = [str(tmp_path / "ut1")]
         cfg.input.max_bad_fraction = 0.2
         summary = run_stage(cfg, "warc")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..config import PreprocessConfig
+from ..fetch import fetch
 from ..markers import Marker, fingerprint, print_summary
 from ..parts import add_summaries, part_paths
 from ..records import BadInput, BadInputError
@@ -83,7 +84,10 @@ def read_part(cfg: PreprocessConfig, files: List[Path], k: int, n: int) -> Dict[
 
 @register_stage("warc", shards=part_count)
 def warc(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
-    """WARC/WET files -> documents, one task per part, each reading its own group of files."""
+    """WARC/WET files -> documents, one task per part, each reading its own group of files. The config's `fetch`
+    runs first (as in `prepare`), so a pipeline that starts here can fetch its WARC files."""
+    for what in cfg.fetch:
+        fetch(what)
     n, files = part_count(cfg), warc_files(list(cfg.input.paths))
     total = add_summaries([read_part(cfg, files_of_part(files, k, n), k, n)
                            for k in (range(n) if shard is None else [shard])])
