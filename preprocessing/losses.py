@@ -35,6 +35,8 @@ def field_of(rule: str) -> str:
         return "filters.max_top_ngram_char_fraction"
     if rule.startswith("duplicate_") and rule.endswith("grams"):
         return "filters.max_dup_ngram_char_fraction"
+    if rule.startswith("url/") or rule == "no_url":
+        return "the url_filter lists (url_filter.ut1_dirs, url_filter.categories, ...) or url_filter.missing_url"
     return RULE_FIELDS.get(rule, OTHER)
 
 

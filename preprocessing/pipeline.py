@@ -42,6 +42,15 @@ def problems(cfg: PreprocessConfig) -> List[str]:
             (("dedup.shards", cfg.dedup.shards), ("dedup.bucket_tasks", cfg.dedup.bucket_tasks),
              ("tokenize.shards", cfg.tokenize.shards), ("filters.shards", cfg.filters.shards),
              ("dedup.component_tasks", cfg.dedup.component_tasks)) if n < 1]
+    if "url_filter" in cfg.stages:
+        u = cfg.url_filter
+        if u.missing_url not in ("keep", "remove"):
+            out.append(f"url_filter.missing_url={u.missing_url!r}: use 'keep' or 'remove' (a record without a URL).")
+        out += [f"url_filter.{key}: {path} does not exist. Fix: the path of a list (a UT1 folder for ut1_dirs)."
+                for key in ("ut1_dirs", "domain_files", "url_files", "substring_files", "regex_files")
+                for path in getattr(u, key) if not Path(path).exists()]
+    if "warc" in cfg.stages and not cfg.warc.content_types:
+        out.append("warc.content_types is empty: no response record would be a document. Fix: e.g. [text/html].")
     spec = cfg.tokenizer
     if spec.algorithm not in ("bpe", "wordpiece"):
         out.append(f"tokenizer.algorithm={spec.algorithm!r} is not one the pipeline trains. Fix: 'bpe' (byte-level, "

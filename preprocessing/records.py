@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
+HTML_FIELD = "html"     # a web page before extraction (the `warc` stage's documents): its text is still empty
 BAD_REASONS = ("invalid_json", "invalid_utf8", "not_an_object", "missing_text_field", "text_not_a_string",
                "empty_text", "unreadable_file")
 
@@ -82,7 +83,7 @@ def _open_bytes(path: Path):
     return open(path, "rb")
 
 
-SHARD_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet")
+SHARD_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet", ".warc", ".wet")
 
 
 def _shard_name(name: str) -> bool:
@@ -121,8 +122,10 @@ def detect_format(path: Path) -> str:
         return "parquet"
     if name.endswith(".txt"):
         return "text"
+    if name.endswith((".warc", ".wet")):
+        return "warc"
     raise ValueError(f"{path}: cannot tell the format from the name; set input.format "
-                     "(jsonl, parquet, text or hf_disk)")
+                     "(jsonl, parquet, text, hf_disk or warc)")
 
 
 def _from_record(obj: Any, where: str, text_field: str, id_field: str, fallback_id: str,
@@ -137,7 +140,7 @@ def _from_record(obj: Any, where: str, text_field: str, id_field: str, fallback_
     if not isinstance(text, str):
         bad.add("text_not_a_string", where, type(text).__name__)
         return None
-    if not text.strip():
+    if not text.strip() and not isinstance(obj.get(HTML_FIELD), str):
         bad.add("empty_text", where)
         return None
     bad.good += 1
@@ -227,6 +230,9 @@ def read_documents(paths: Union[str, List[str]], *, fmt: str = "auto", text_fiel
             yield from read_text_folder(path, bad)
         elif kind == "hf_disk":
             yield from read_hf_disk(path, text_field, id_field, bad)
+        elif kind == "warc":
+            raise ValueError(f"{path}: WARC/WET input is read by the `warc` stage. Fix: start `stages` with warc (then "
+                             "the passes: extract, url_filter, filter, ...), (docs/web-data.md).")
         else:
             raise ValueError(f"input.format={kind!r}: use auto, jsonl, parquet, text or hf_disk")
 

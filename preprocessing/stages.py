@@ -19,6 +19,9 @@ inputs and settings is skipped). Built in:
     tokenize    .bin/.idx per split, tokenize.shards tasks  -> <output_dir>/[shards/]
     merge       shards merged in order, blend.json          -> <output_dir>/blend.json
 
+Registered by preprocessing/web/ (docs/web-data.md): `warc` (WARC/WET files -> documents, one task per
+file group -> warc/part-*) and the `url_filter` pass. Passes before `prepare` in `stages` feed it.
+
 A new stage is a function `(cfg, shard) -> summary dict` decorated with
 `@register_stage(name, shards=..., enabled=...)` in any module the config `imports`, then
 named in the config's `stages` list.
@@ -37,7 +40,7 @@ from common.digest import tree_digests
 from common.registry import Registry
 
 from .blend import write_blend
-from .config import InputConfig, PreprocessConfig
+from .config import InputConfig, PreprocessConfig, UrlFilterConfig, WarcConfig
 from .decontaminate import DecontaminatePass
 from .dedup.run import STEPS as DEDUP_STEPS
 from .dedup.run import kept_parts as dedup_kept_parts
@@ -78,7 +81,8 @@ class Stage:
     enabled: Callable[[PreprocessConfig], bool]                   # False: skipped (and not submitted)
 
 
-STAGES: Registry[Stage] = Registry("preprocessing stage", "stages")
+# Every module of preprocessing/web/ (the `warc` stage, the `url_filter` pass) registers on first look-up.
+STAGES: Registry[Stage] = Registry("preprocessing stage", "stages", discover="preprocessing.web")
 
 
 def register_stage(name: str, *, shards: Optional[Callable[[PreprocessConfig], Optional[int]]] = None,
@@ -121,7 +125,12 @@ def _split_part(cfg: PreprocessConfig, split: str, shard: int) -> Path:
 # ---- the steps ---------------------------------------------------------------------------------
 def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     out = work / "normalized.jsonl"
-    inp = cfg.input
+    fed = passes_before(cfg, "prepare")
+    if fed:             # e.g. warc -> extract -> url_filter -> prepare: the last pass's parts are the input
+        n = part_count(cfg)
+        inp = _jsonl_input(cfg, [_needs(part_paths(cfg, fed[-1], k, n)[0], fed[-1]) for k in range(n)])
+    else:
+        inp = cfg.input
     removed_out = work / "normalize_removed.jsonl"
     marker = Marker(work, "normalize", fingerprint([_settings(inp), _settings(cfg.normalize)], inp.paths))
     done = marker.done()
@@ -245,12 +254,19 @@ def part_count(cfg: PreprocessConfig) -> int:
 PASSES: Set[str] = set()            # the stages registered by register_pass (they read and write parts)
 
 
+def passes_before(cfg: PreprocessConfig, stage: str) -> List[str]:
+    """The enabled passes before `stage` in `stages`, counted from after `prepare` when it comes earlier: passes
+    before `prepare` (warc, extract, url_filter) feed it, the passes after it read normalized.jsonl or dedup's."""
+    upto = cfg.stages.index(stage) if stage in cfg.stages else len(cfg.stages)
+    start = cfg.stages.index("prepare") + 1 if "prepare" in cfg.stages[:upto] else 0
+    return [name for name in cfg.stages[start:upto] if name in PASSES and STAGES.get(name).enabled(cfg)]
+
+
 def _source_of(cfg: PreprocessConfig, stage: str) -> Callable[[int], List[Piece]]:
     """Part k of the input of `stage` (a document pass, or split): the output part of the enabled pass before it
     in `stages`, else the dedup write step's kept part, else a byte range of normalized.jsonl."""
     work, n = Path(cfg.work_dir), part_count(cfg)
-    upto = cfg.stages.index(stage) if stage in cfg.stages else len(cfg.stages)
-    before = [name for name in cfg.stages[:upto] if name in PASSES and STAGES.get(name).enabled(cfg)]
+    before = passes_before(cfg, stage)
     if before:
         return lambda k: whole(_needs(part_paths(cfg, before[-1], k, n)[0], before[-1]))
     if cfg.dedup.enabled:
@@ -323,6 +339,9 @@ def config_fingerprint(cfg: PreprocessConfig) -> str:
     for section, field, default in (("tokenizer", "algorithm", "bpe"), ("tokenize", "split_sentences", False)):
         if settings[section].get(field) == default:
             settings[section].pop(field)
+    for section, default in (("warc", WarcConfig()), ("url_filter", UrlFilterConfig())):
+        if settings[section] == _settings(default):
+            settings.pop(section)
     return fingerprint(settings, [p for p in cfg.input.paths if Path(p).exists()])
 
 
