@@ -21,6 +21,7 @@ from common.config import ConfigError
 from .cli import cli_main, stage_args
 from .config import PreprocessConfig
 from .decontaminate_index import check as check_decontamination
+from .extract import extract_problems
 from .filters import filter_problems
 from .stages import STAGES, Stage
 from .transforms import transform_problems
@@ -33,6 +34,7 @@ def problems(cfg: PreprocessConfig) -> List[str]:
            "`imports`." for name in cfg.stages if name not in STAGES]
     out += filter_problems(cfg.filters) if cfg.filters.enabled else []
     out += transform_problems(cfg)
+    out += extract_problems(cfg.extract) if "extract" in cfg.stages else []
     if cfg.decontaminate.enabled and "decontaminate" in cfg.stages:
         try:
             check_decontamination(cfg.decontaminate)

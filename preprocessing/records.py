@@ -125,6 +125,9 @@ def detect_format(path: Path) -> str:
                      "(jsonl, parquet, text or hf_disk)")
 
 
+HTML_FIELD = "html"      # a record's page HTML, its text field empty until the `extract` stage fills it
+
+
 def _from_record(obj: Any, where: str, text_field: str, id_field: str, fallback_id: str,
                  bad: BadInput) -> Optional[Document]:
     if not isinstance(obj, dict):
@@ -137,7 +140,7 @@ def _from_record(obj: Any, where: str, text_field: str, id_field: str, fallback_
     if not isinstance(text, str):
         bad.add("text_not_a_string", where, type(text).__name__)
         return None
-    if not text.strip():
+    if not text.strip() and not isinstance(obj.get(HTML_FIELD), str):    # a web page's text is extracted later
         bad.add("empty_text", where)
         return None
     bad.good += 1
