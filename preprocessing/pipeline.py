@@ -35,6 +35,10 @@ def problems(cfg: PreprocessConfig) -> List[str]:
     out += filter_problems(cfg.filters) if cfg.filters.enabled else []
     out += transform_problems(cfg)
     out += extract_problems(cfg.extract) if "extract" in cfg.stages else []
+    if "extract" in cfg.stages and cfg.dedup.enabled and "signatures" in cfg.stages \
+            and cfg.stages.index("signatures") < cfg.stages.index("extract"):
+        out.append("stages: 'extract' comes after the dedup steps, which would compare pages by their empty text. "
+                   "Fix: list extract right after prepare (dedup then reads the extracted text).")
     if cfg.decontaminate.enabled and "decontaminate" in cfg.stages:
         try:
             check_decontamination(cfg.decontaminate)

@@ -77,9 +77,26 @@ def test_config_check_names_the_field_and_the_fix(tmp_path, monkeypatch):
     found = problems(config(tmp_path, "extract.extractor=boilerpipe", "extract.min_words=-1"))
     assert any("extract.extractor='boilerpipe' is not a registered extractor" in p for p in found)
     assert any("extract.min_words=-1" in p for p in found)
+    late = problems(config(tmp_path, "dedup.enabled=true", "stages=[prepare,signatures,extract]"))
+    assert any("'extract' comes after the dedup steps" in p for p in late)
     monkeypatch.setitem(MODULE_OF, "justext", "no_such_module_here")
     missing = extract_problems(ExtractConfig(extractor="justext"))
     assert len(missing) == 1 and "'no_such_module_here', which is not installed" in missing[0]
     cfg = config(tmp_path, "extract.favor_precision=true", "extract.favor_recall=true")
     with pytest.raises(ConfigError, match="favor_precision and extract.favor_recall are both true"):
         ExtractPass(cfg)
+
+
+def test_extract_listed_before_dedup_feeds_dedup_and_the_passes_after_it_read_dedup(pages, tmp_path):
+    """Web pages have no text before extraction: dedup must read the extracted parts, and `filter` dedup's."""
+    records = [{"id": f"p{i}", "text": "", "html": p["html"]} for i, p in enumerate(pages)]
+    records.append({"id": "copy-of-p0", "text": "", "html": pages[0]["html"].replace("<body", "<body data-x='1'")})
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = config(tmp_path, "dedup.enabled=true", "dedup.shards=2", "dedup.bucket_tasks=1", "dedup.component_tasks=1",
+                 "dedup.workers=1", "filters.names=[]",
+                 "stages=[prepare,extract,signatures,buckets,verify,clusters,write,filter]")
+    for stage in cfg.stages:
+        run_stage(cfg, stage)
+    filtered = [json.loads(x)["id"] for p in sorted(Path(cfg.work_dir, "filter").glob("part-*.jsonl"))
+                for x in p.read_text().splitlines()]
+    assert sorted(filtered) == ["p0", "p1", "p2"]               # the copy's extracted text is p0's: removed by dedup

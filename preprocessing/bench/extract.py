@@ -37,9 +37,9 @@ HALVES = ("choose", "report")
 
 # candidate name -> (extractor, its settings): trafilatura's three precision/recall settings are separate candidates
 CANDIDATES: Dict[str, Tuple[str, Dict[str, object]]] = {
-    "trafilatura": ("trafilatura", {}),
+    "trafilatura": ("trafilatura", {"favor_precision": False}),
     "trafilatura favor_precision": ("trafilatura", {"favor_precision": True}),
-    "trafilatura favor_recall": ("trafilatura", {"favor_recall": True}),
+    "trafilatura favor_recall": ("trafilatura", {"favor_precision": False, "favor_recall": True}),
     "resiliparse": ("resiliparse", {}),
     "justext": ("justext", {}),
     "inscriptis": ("inscriptis", {}),
