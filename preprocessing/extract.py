@@ -19,6 +19,7 @@ import re
 from collections import Counter
 from typing import Any, Callable, Dict, List, Optional
 
+from common.config import ConfigError
 from common.registry import Registry
 
 from .config import ExtractConfig, PreprocessConfig
@@ -131,8 +132,6 @@ class ExtractPass(DocumentPass):
     """HTML -> main text in `input.text_field`, the HTML field dropped; records without HTML pass untouched."""
 
     def __init__(self, cfg: PreprocessConfig):
-        from common.config import ConfigError
-
         problems = extract_problems(cfg.extract)
         if problems:
             raise ConfigError(problems, source="extract")

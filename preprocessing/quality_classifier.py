@@ -33,6 +33,7 @@ from common.cli import command, overrides_from_env
 from common.config import ConfigError
 
 from .config import QualityTrainConfig
+from .fetch import fetch
 from .records import BadInput, read_documents, write_jsonl
 
 POSITIVE, NEGATIVE = "__label__hq", "__label__lq"
@@ -201,8 +202,6 @@ def main(argv: List[str] | None = None) -> int:
     """Overrides from the arguments, else $OVERRIDES (the Makefile's)."""
     overrides = list(sys.argv[1:] if argv is None else argv) or overrides_from_env()
     if not any(o.split("=", 1)[0] in ("positive", "negative") for o in overrides):      # the demo
-        from .fetch import fetch
-
         pos, neg = demo_data(Path(fetch("shakespeare")))
         overrides = [f"positive=[{pos}]", f"negative=[{neg}]", f"output={DEMO_DIR / 'model.bin'}", "dim=64",
                      "bucket=200000", "epoch=10", "lr=1.0", *overrides]
