@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from tqdm import tqdm
 
+from common.config import ConfigError
 from common.digest import tree_digests
 from common.registry import Registry
 
@@ -133,13 +134,14 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
         print_summary("normalize + exact dedup (finished earlier)", {k: v for k, v in done.items() if k != "bad"},
                       done["bad"]["bad"])
         return out
-    bad, exact, removed = BadInput(), ExactDedup(), []
+    bad, exact, removed, pages = BadInput(), ExactDedup(), [], [0]
 
     def records():
         for doc in tqdm(read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field,
                                        bad=bad), desc="normalize", unit="doc", file=sys.stderr):
             text = normalize_text(doc.text, cfg.normalize.form) if cfg.normalize.enabled else doc.text
             # a page awaiting extraction has no text yet: equal empty texts are not duplicates
+            pages[0] += not text
             first = exact.duplicate_of(doc.id, text) if cfg.normalize.exact_dedup and text else None
             if first is not None:
                 removed.append({"id": doc.id, "duplicate_of": first, "method": "exact"})
@@ -149,7 +151,11 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     kept = write_jsonl(out, records())
     write_jsonl(removed_out, removed)
     bad.check(inp.max_bad_fraction, f"inputs {inp.paths}")
-    summary = {"documents in": bad.good, "exact duplicates": len(removed), "kept": kept}
+    if pages[0] and "extract" not in cfg.stages:
+        raise ConfigError([f"{pages[0]:,} records of {inp.paths} hold HTML (an 'html' field) and no text, and "
+                           "`stages` has no 'extract'. Fix: list extract right after prepare."], source="stages")
+    summary = {"documents in": bad.good, "exact duplicates": len(removed), "kept": kept,
+               **({"pages awaiting extraction": pages[0]} if pages[0] else {})}
     print_summary("normalize + exact dedup", summary, dict(bad.counts))
     check_normalized(bad.good, kept, inp.paths, dict(bad.counts))       # an empty input stops here
     marker.mark({**summary, "bad": bad.as_dict()}, outputs=[out, removed_out])

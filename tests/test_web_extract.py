@@ -73,10 +73,12 @@ def test_extract_stage_fills_text_drops_html_and_counts_every_removal(pages, tmp
 
 
 def test_config_check_names_the_field_and_the_fix(tmp_path, monkeypatch):
-    (tmp_path / "in.jsonl").write_text("")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "a", "text": "", "html": "<p>a page</p>"}) + "\n")
     found = problems(config(tmp_path, "extract.extractor=boilerpipe", "extract.min_words=-1"))
     assert any("extract.extractor='boilerpipe' is not a registered extractor" in p for p in found)
     assert any("extract.min_words=-1" in p for p in found)
+    with pytest.raises(ConfigError, match="hold HTML .* no 'extract'"):
+        run_stage(config(tmp_path, "stages=[prepare,filter]"), "prepare")
     late = problems(config(tmp_path, "dedup.enabled=true", "stages=[prepare,signatures,extract]"))
     assert any("'extract' comes after the dedup steps" in p for p in late)
     monkeypatch.setitem(MODULE_OF, "justext", "no_such_module_here")
