@@ -32,6 +32,7 @@ LAUNCHER ?= local
 PREPROCESS ?=
 SWEEP  ?=
 LADDER ?= demo
+GOLD   ?=
 # $(value ...) keeps make from expanding $(...) inside user text; exported verbatim.
 override RECIPE    := $(value RECIPE)
 override OVERRIDES := $(value OVERRIDES)
@@ -45,7 +46,8 @@ override TASKS     := $(value TASKS)
 override PREPROCESS := $(value PREPROCESS)
 override SWEEP     := $(value SWEEP)
 override LADDER    := $(value LADDER)
-export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS TASKS LIMIT DRY_RUN LAUNCHER SWEEP LADDER \
+override GOLD      := $(value GOLD)
+export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS TASKS LIMIT DRY_RUN LAUNCHER SWEEP LADDER GOLD \
 	GPUS MFU SEARCH TOP
 export PREPROCESS_CONFIG := $(PREPROCESS)
 
@@ -69,9 +71,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@# --compile-bytecode: uv writes no .pyc by default (pip does), and where PYTHONDONTWRITEBYTECODE is set (this
 	@# machine, CI) every process would compile megatron-core, DeepSpeed and transformers from source again: ~4 s
 	@# of CPU per process that imports them (docs/testing.md)
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt -e '.[dev]' \
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt -e '.[dev,extract]' \
 	    --config-settings editable_mode=compat \
-	|| $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' \
+	|| $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,extract]' \
 	    --config-settings editable_mode=compat
 	@if [ -z "$$SKIP_GPU_EXTRA" ] && nvidia-smi -L >/dev/null 2>&1; then \
 	    echo ">> a CUDA GPU is here: the gpu extra (Transformer Engine; builds against torch: nvcc + cuDNN, docs/gpu.md)"; \
@@ -119,6 +121,12 @@ tokenize: $(STAMP)  ## INPUT=<jsonl> TOKENIZER=<dir|.model> OUTPUT=<prefix>: -> 
 
 bench-preprocess: $(STAMP)  ## tokenization (50 MB), dedup per step (200K docs), dedup recall (tuning + held out), components, language ID, filters vs datatrove, document passes per task -> docs/
 	$(PY) -m preprocessing.bench
+
+bench-extract: $(STAMP)  ## HTML extractors' word F1 and pages/CPU s on hand-marked pages [GOLD=<checkout>] (docs/web-data.md)
+	$(PY) -m preprocessing.bench.extract --gold "$${GOLD:-data/article-extraction-benchmark}"
+
+quality-classifier: $(STAMP)  ## fastText quality classifier [OVERRIDES='positive=[..] negative=[..] output=<.bin>']; none: the demo
+	$(PY) -m preprocessing.quality_classifier
 
 bench-train: $(STAMP)  ## our loop vs a bare loop, tokens/s side by side -> docs/bench-train.md
 	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node=1 -m pretrain.bench_train
@@ -174,5 +182,5 @@ clean:  ## remove runs/, outputs/, multirun/ (keeps data/ and .venv): lists them
 	fi; \
 	rm -rf $$dirs && echo "removed $$dirs"
 
-.PHONY: help setup test test-fast lint config plan data preprocess dedup tokenize bench-preprocess bench-train bench doctor gpu-check gpu-check-wheels pretrain ablate ladder \
+.PHONY: help setup test test-fast lint config plan data preprocess dedup tokenize bench-preprocess bench-extract quality-classifier bench-train bench doctor gpu-check gpu-check-wheels pretrain ablate ladder \
 	export import-hf eval-data eval compare ckpt-info report clean

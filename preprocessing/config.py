@@ -40,6 +40,21 @@ class NormalizeConfig:
 
 
 @dataclass
+class ExtractConfig:
+    """The `extract` stage (preprocessing/extract.py): HTML -> main text (docs/web-data.md#main-text-extraction)."""
+    extractor: str = doc("trafilatura", "Registered extractor of the record's `html` field: 'trafilatura' (the "
+                                        "measured default), 'resiliparse', 'justext', 'inscriptis' or 'lxml_text'.")
+    include_tables: bool = doc(True, "Keep the text of <table> elements (trafilatura, resiliparse).")
+    include_comments: bool = doc(False, "Keep user comments below the main text (trafilatura, resiliparse).")
+    favor_precision: bool = doc(True, "trafilatura: leave out more uncertain text (less boilerplate, less text); "
+                                      "the measured best F1.")
+    favor_recall: bool = doc(False, "trafilatura: keep more uncertain text (more text, more boilerplate).")
+    justext_language: str = doc("English", "justext: the stop-word list its paragraph classifier uses.")
+    min_words: int = doc(1, "Remove a document whose extracted text has fewer whitespace-separated words "
+                            "(reason `short_extraction`; an empty one is `empty_extraction`).")
+
+
+@dataclass
 class DedupConfig:
     enabled: bool = doc(True, "Run MinHashLSH near-duplicate removal.")
     ngram: int = doc(3, "Word n-gram size of the shingles (docs/dedup.md: 3 keeps 10%-edited copies above 0.5).")
@@ -136,6 +151,42 @@ class FineWebConfig:
 
 
 @dataclass
+class QualityClassifierConfig:
+    """The `quality` filter (preprocessing/quality/classifier.py): the fastText model `make quality-classifier`
+    trained."""
+    model: Optional[str] = doc(None, "The model file (.bin) `make quality-classifier` wrote; required when `quality` "
+                                     "is in filters.names.")
+    threshold: float = doc(0.5, "Drop a document whose probability of the positive (high-quality) label is below "
+                                "this (reason `quality`).")
+    score_field: str = doc("quality_score", "Record field the kept (and dropped) document's score is written to.")
+    max_chars: int = doc(0, "Characters from the start of the text given to the model; 0: the whole text.")
+
+
+@dataclass
+class QualityTrainConfig:
+    """`make quality-classifier` (preprocessing/quality_classifier.py): fastText supervised, DCLM's recipe (word
+    bigrams over whitespace-joined lines), trained on positive vs negative JSONL; docs/web-data.md."""
+    positive: List[str] = doc(None, "JSONL files of high-quality examples (label 1).", factory=list)
+    negative: List[str] = doc(None, "JSONL files of low-quality examples (label 0).", factory=list)
+    text_field: str = doc("text", "Record field holding the text.")
+    output: str = doc(MISSING, "Where the model (.bin) goes, written atomically; its held-out report goes beside it "
+                               "(.json).")
+    word_ngrams: int = doc(2, "Word n-gram features (fastText -wordNgrams); DCLM's classifier uses bigrams.")
+    dim: int = doc(256, "Embedding dimension (fastText -dim).")
+    epoch: int = doc(3, "Passes over the training set (fastText -epoch).")
+    lr: float = doc(0.1, "Learning rate (fastText -lr).")
+    min_count: int = doc(1, "Words seen fewer times are dropped (fastText -minCount).")
+    bucket: int = doc(2_000_000, "Hash buckets of the n-gram features (fastText -bucket): memory is bucket x dim x 4 "
+                                 "bytes, in training and in the saved model.")
+    heldout_fraction: float = doc(0.1, "Examples (by id hash) kept out of training to measure precision/recall on.")
+    threshold: float = doc(0.5, "Score from which a held-out example counts as predicted positive (the filter's "
+                                "filters.quality.threshold should match).")
+    max_chars: int = doc(0, "Characters from the start of each text used; 0: the whole text (as the filter's).")
+    seed: int = doc(0, "Seed of the held-out split and of fastText.")
+    threads: int = doc(1, "fastText training threads (1: the same model on every run).")
+
+
+@dataclass
 class FilterConfig:
     enabled: bool = doc(True, "Run the quality filters of `names`.")
     names: List[str] = doc(None, "Registered filters applied in order (preprocessing.filters.register_filter); "
@@ -165,6 +216,8 @@ class FilterConfig:
     c4: C4Config = doc(None, "Filter `c4` (datatrove parity, drop-only).", factory=C4Config)
     fineweb: FineWebConfig = doc(None, "Filter `fineweb` (datatrove parity).", factory=FineWebConfig)
     language: LanguageConfig = doc(None, "Settings of the `language` filter.", factory=LanguageConfig)
+    quality: QualityClassifierConfig = doc(None, "Settings of the `quality` filter (a trained fastText classifier).",
+                                           factory=QualityClassifierConfig)
     shards: int = doc(4, "Parts (array tasks) of the document passes (filter, decontaminate) when dedup is off; "
                          "with dedup they are its dedup.shards parts.")
 
@@ -299,6 +352,7 @@ class PreprocessConfig:
     output_dir: str = doc(MISSING, "Tokenizer, .bin/.idx per split, blend.json.")
     input: InputConfig = doc(None, "What to read.", factory=InputConfig)
     warc: WarcConfig = doc(None, "The `warc` stage (WARC/WET input).", factory=WarcConfig)
+    extract: ExtractConfig = doc(None, "The `extract` stage: HTML -> main text.", factory=ExtractConfig)
     url_filter: UrlFilterConfig = doc(None, "The `url_filter` pass (block lists).", factory=UrlFilterConfig)
     normalize: NormalizeConfig = doc(None, "Stage 1.", factory=NormalizeConfig)
     dedup: DedupConfig = doc(None, "Stage 2.", factory=DedupConfig)
@@ -321,4 +375,5 @@ class PreprocessConfig:
 
 
 ConfigStore.instance().store(name="preprocess_schema", node=PreprocessConfig)
+ConfigStore.instance().store(name="quality_train_schema", node=QualityTrainConfig)
 

@@ -21,6 +21,7 @@ from common.config import ConfigError
 from .cli import cli_main, stage_args
 from .config import PreprocessConfig
 from .decontaminate_index import check as check_decontamination
+from .extract import extract_problems
 from .filters import filter_problems
 from .stages import STAGES, Stage
 from .transforms import transform_problems
@@ -33,6 +34,11 @@ def problems(cfg: PreprocessConfig) -> List[str]:
            "`imports`." for name in cfg.stages if name not in STAGES]
     out += filter_problems(cfg.filters) if cfg.filters.enabled else []
     out += transform_problems(cfg)
+    out += extract_problems(cfg.extract) if "extract" in cfg.stages else []
+    if "extract" in cfg.stages and cfg.dedup.enabled and "signatures" in cfg.stages \
+            and cfg.stages.index("signatures") < cfg.stages.index("extract"):
+        out.append("stages: 'extract' comes after the dedup steps, which would compare pages by their empty text. "
+                   "Fix: list extract right after prepare (dedup then reads the extracted text).")
     if cfg.decontaminate.enabled and "decontaminate" in cfg.stages:
         try:
             check_decontamination(cfg.decontaminate)

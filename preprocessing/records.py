@@ -140,7 +140,7 @@ def _from_record(obj: Any, where: str, text_field: str, id_field: str, fallback_
     if not isinstance(text, str):
         bad.add("text_not_a_string", where, type(text).__name__)
         return None
-    if not text.strip() and not isinstance(obj.get(HTML_FIELD), str):
+    if not text.strip() and not isinstance(obj.get(HTML_FIELD), str):    # a web page's text is extracted later
         bad.add("empty_text", where)
         return None
     bad.good += 1

