@@ -275,8 +275,9 @@ class CheckpointConfig:
                           "`digests`): the strong, slower mode.")
     async_save: bool = doc(False, "Megatron engine: write checkpoints in a background process while training goes on; "
                            "committed (meta.json, rename) once every rank's writer finished.")
-    distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' "
-                                                                "(any layout) or 'dp_reshardable' (DP may change).")
+    distrib_optim_sharding_type: str = doc("dp_reshardable", "Distributed-optimizer format: 'dp_reshardable' (each "
+                                           "rank writes and reads its own buckets; only DP may change at a resume) or "
+                                           "'fully_reshardable' (gathered on DP rank 0 in host memory; any layout).")
 
 
 @dataclass
