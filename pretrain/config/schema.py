@@ -282,7 +282,10 @@ class CheckpointConfig:
 
 @dataclass
 class StabilityConfig:
-    distributed_timeout_minutes: int = doc(30, "Timeout of torch.distributed collectives.")
+    distributed_timeout_minutes: int = doc(30, "Timeout of torch.distributed collectives through start-up (checkpoint "
+                                               "load, data indexes) and the first step.")
+    step_timeout_minutes: float = doc(10.0, "Timeout of every collective from the second step on (NCCL/gloo: a lost "
+                                            "or hung rank ends the step this soon); 0 keeps the start-up one.")
     lock_wait_s: int = doc(120, "A requeued job waits this long for its earlier incarnation's run-directory lock "
                                 "(an NFS server keeps a lost node's for its lease, ~90 s), then refuses.")
     watchdog_minutes: float = doc(30.0, "No step, evaluation or save within this: every rank dumps all thread stacks "

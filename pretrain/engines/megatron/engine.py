@@ -61,7 +61,8 @@ class MegatronEngine(Engine):
                 virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
                 context_parallel_size=p.context_parallel_size,
                 expert_model_parallel_size=p.expert_model_parallel_size,
-                expert_tensor_parallel_size=p.expert_tensor_parallel_size)
+                expert_tensor_parallel_size=p.expert_tensor_parallel_size,
+                distributed_timeout_minutes=cfg.stability.distributed_timeout_minutes)   # short after step 1
         self.ps = ps
         torch.manual_seed(cfg.seed)
         model_parallel_cuda_manual_seed(cfg.seed)
