@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from pretrain.observability import goodput, report
+from pretrain.observability import goodput, report, report_plot
 from pretrain.observability.goodput import PARTS, ledger
 
 
@@ -87,3 +87,8 @@ def test_make_report_prints_the_ledger_and_writes_it_as_named_scalars(tmp_path):
     assert "  goodput              11.8% of 0:02:16 wall (1 restarts; steps 8 first time, 5 replayed)" in text
     assert "    restart               0:01:09  50.7%" in text
     assert goodput.process_starts(run) == STARTS
+    out = report.plot(run, data)                            # the ledger's bar in the report picture
+    fig, _ = report_plot.figure(data, "t")
+    bars = {p.get_gid(): p.get_width() for a in fig.axes for inset in a.child_axes for p in inset.patches
+            if (p.get_gid() or "").startswith("goodput")}
+    assert bars == pytest.approx({f"goodput:{k}": EXPECTED[k] / 136 for k in PARTS}) and out.stat().st_size > 1000
