@@ -107,6 +107,9 @@ def ensure_data(job, local: bool = True) -> List[str]:
 # account, container or health threshold (or a default of these changed by an upgrade) is the same run.
 LAUNCH_ONLY = ("cluster.",)
 SAME_RUN_CLUSTER = ("cluster.nodes", "cluster.devices_per_node", "cluster.gpu_type")
+# How checkpoints are written, not what is trained: each checkpoint's meta.json names its own optimizer format, so
+# the fully_reshardable resume a layout change asks for (docs/checkpoints.md) continues the run in place.
+SAME_RUN_CHECKPOINT = ("checkpoint.distrib_optim_sharding_type",)
 
 
 def prepare_run_dir(job, run_dir: Path) -> None:
@@ -115,7 +118,8 @@ def prepare_run_dir(job, run_dir: Path) -> None:
     old = run_dir / "config.yaml"
     diff = config_diff(old.read_text(), job) if old.exists() else None
     if diff:
-        diff = [d for d in diff if not d[0].startswith(LAUNCH_ONLY) or d[0] in SAME_RUN_CLUSTER]
+        diff = [d for d in diff if (not d[0].startswith(LAUNCH_ONLY) or d[0] in SAME_RUN_CLUSTER)
+                and d[0] not in SAME_RUN_CHECKPOINT]
     if old.exists() and not diff:
         print(f">> {run_dir} holds this run: continuing it from its newest checkpoint", flush=True)
         return

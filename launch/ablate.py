@@ -6,9 +6,10 @@ A Hydra multirun over the cartesian product of SWEEP (OVERRIDES apply to every r
 * a SLURM cluster profile: the submitit launcher (hydra-submitit-launcher), one SLURM job per
   run sized from the recipe's `cluster` section (nodes, one task per device, partition,
   account, setup lines, env). Every task trains in process; ranks come from submitit's
-  environment. A time-limit or preemption signal checkpoints (exit 75) and the job is
-  requeued with `scontrol requeue` up to `cluster.max_restarts`, resuming where it stopped,
-  as `make pretrain` jobs do.
+  environment. As `make pretrain` jobs do, the job requeues itself (`cluster.requeue`) up to
+  `cluster.max_restarts` and resumes where it stopped: at once after a time-limit or preemption
+  signal's checkpoint (exit 75), after a doubling back-off on any other failure (an exception
+  included), never after a refusal (pretrain/stability/exit_codes.py `restart_backoff`).
 
 Every run gets its own directory `runs/ablate/<recipe>-<time>/<swept key=value,...>`, which is
 also its TensorBoard tag: `tensorboard --logdir <sweep dir>` shows the runs side by side, and
@@ -39,7 +40,7 @@ from common.paths import RECIPES_DIR, REPO_ROOT
 from common.slurm_values import minutes
 from pretrain.config.compose import finalize, load_recipe, to_yaml
 from pretrain.observability.report import read_jsonl
-from pretrain.stability.preemption import REQUEUE_EXIT
+from pretrain.stability.exit_codes import REQUEUE_EXIT, restart_backoff
 
 
 def hydra_quote(value) -> str:
@@ -86,17 +87,32 @@ def train_here(job) -> int:
     # (sbatch exports the submitter's environment), and two runs on one node would then share a store.
     os.environ["MASTER_PORT"] = str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000)
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    code = run(job)
+    try:
+        code = command(lambda: run(job))()         # a ConfigError (a refusal) is exit 2, as in pretrain.train
+    except Exception:
+        code = 1
+        failure = sys.exc_info()[1]
+    else:
+        failure = None
     env = submitit.JobEnvironment()
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    if code == REQUEUE_EXIT and env.global_rank == 0 and restarts < job.cluster.max_restarts:
-        print(f">> checkpoint saved: requeueing {env.job_id} (restart {restarts + 1})", flush=True)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)     # the requeue TERMs this job: live on to set the begin
-        subprocess.run(["scontrol", "requeue", env.job_id], check=True)
-        # As launch.sbatch: SLURM 22.05 kills a requeued job that starts within the second its old credential
-        # was revoked ("Job credential revoked"); begin the restart 2 s later.
-        subprocess.run(["scontrol", "update", f"JobId={env.job_id}", "StartTime=now+2"], check=False)
+    backoff = restart_backoff(code, restarts, job.cluster.max_restarts, job.cluster.restart_backoff_s)
+    if job.cluster.requeue and backoff is not None and env.global_rank == 0:
+        print(f">> {'checkpoint saved' if code == REQUEUE_EXIT else f'failed (exit {code})'}: requeueing "
+              f"{env.job_id} in {backoff} s (restart {restarts + 1} of at most {job.cluster.max_restarts})", flush=True)
+        requeue(env.job_id, backoff)
+    if failure is not None:
+        raise failure
     return code
+
+
+def requeue(job_id: str, backoff_s: int) -> None:
+    """As launch.sbatch: requeued held, its begin time set, then released (a plain requeue raced the update and
+    SLURM killed the restart: 'Job credential revoked')."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)     # the requeue TERMs this job: live on to set the begin time
+    subprocess.run(["scontrol", "requeuehold", job_id], check=True)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{backoff_s}"], check=False)
+    subprocess.run(["scontrol", "release", job_id], check=True)
 
 
 @hydra.main(config_path=str(RECIPES_DIR), config_name="gpt-tiny", version_base="1.3")

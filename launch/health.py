@@ -10,7 +10,9 @@ space asked for. Each node writes `<run_dir>/health/<job id>/<host>.json` before
 collective, so a node that hangs there still leaves its local findings.
 `collect` (the batch shell, after the step) names every failing host - and every host of the
 allocation that wrote no report - in the job log, appends them to the bad-nodes file that
-later submissions pass to `--exclude`, and exits 1 so the job stops before training.
+later submissions pass to `--exclude`, and exits 1 (NODES_FAILED): the batch script skips training and
+requeues the job without those hosts (launch/templates/sbatch.j2). A software fault exits 2 (SOFTWARE_FAULT):
+the job ends, since a requeue on other hosts would fail alike.
 
 Only the node's faults blacklist it: nvidia-smi failing or listing too few GPUs, uncorrected ECC
 errors, a GPU that fails its matmul, too little disk, the all-reduce. A fault of the job's software
@@ -31,6 +33,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import List, Optional
+
+NODES_FAILED = 1          # hosts added to the bad-nodes file: requeue without them
+SOFTWARE_FAULT = 2        # the job's software: ends the job (pretrain/stability/exit_codes.py CONFIG_REFUSED)
 
 
 def report_dir(run_dir: str | Path) -> Path:
@@ -168,7 +173,7 @@ def collect(args) -> int:
               f"the compute nodes cannot see, a torch that does not import there), not of {len(hosts)} nodes at "
               f"once; the step's output above says which. {SOFTWARE_FIX} Not training on this allocation.",
               flush=True)
-        return 1
+        return SOFTWARE_FAULT
     software = {host: r["software"] for host, r in reports.items() if r.get("software")}
     for host, problems in sorted(software.items()):
         print(f">> health: software fault on {host}: {'; '.join(problems)}", flush=True)
@@ -179,7 +184,7 @@ def collect(args) -> int:
             failing[host] = ["wrote no health report (the check did not start or died)"]
     if software and not failing:
         print(f">> health: {SOFTWARE_FIX} Not training on this allocation.", flush=True)
-        return 1
+        return SOFTWARE_FAULT
     if not failing:
         print(f">> health: all {len(reports)} node(s) passed", flush=True)
         return 0
@@ -190,9 +195,9 @@ def collect(args) -> int:
         for host, problems in sorted(failing.items()):
             print(f">> health FAILED on {host}: {'; '.join(problems) or 'collective did not finish'}", flush=True)
             f.write(f"{host}  # job {job}: {'; '.join(problems)[:200]}\n")
-    print(f">> {len(failing)} bad node(s) added to {bad_file}; the next `make pretrain` excludes them. "
-          "Not training on this allocation.", flush=True)
-    return 1
+    print(f">> {len(failing)} bad node(s) added to {bad_file}; the job's requeue (cluster.requeue) and the next "
+          "`make pretrain` exclude them. Not training on this allocation.", flush=True)
+    return NODES_FAILED
 
 
 def main() -> int:

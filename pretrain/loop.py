@@ -44,6 +44,7 @@ from .stability.faults import FaultDrill
 from .stability.guard import SpikeGuard
 from .stability.preemption import REQUEUE_EXIT, PreemptionFlag, RunPreempted
 from .stability.recovery import Recovery
+from .stability.timeouts import CollectiveTimeout
 from .stability.watchdog import Watchdog
 
 
@@ -95,6 +96,8 @@ class Trainer:
         self.faults = FaultDrill(cfg.fault, engine, cfg.model.vocab_size, self.run_dir)
         self.preemption = PreemptionFlag(self.run_dir / "preempt.flag")
         self.straggler = StragglerDetector(cfg, self.metrics)     # times data wait and compute; straggler.*
+        self.collective_timeout = CollectiveTimeout(cfg.stability.distributed_timeout_minutes,
+                                                    cfg.stability.step_timeout_minutes)
         self.hooks = Hooks([])               # the loop's observers, built when train() starts
 
     def log(self, text: str) -> None:
@@ -186,6 +189,7 @@ class Trainer:
         newest intact checkpoint. After non-finite steps, validation or weights (`why` says which): the
         newest one known good that has not already led back here (`Recovery`); none stops the run."""
         st, c = self.state, self.cfg.stability
+        self.collective_timeout.relax()                  # rank 0's scan is start-up work: the long timeout
         self.engine.finalize_saves(blocking=True)        # a save in flight may be the one to return to
         nonfinite = why != "spike"
         every, interval = self.cfg.eval.eval_interval, self.cfg.checkpoint.save_interval
@@ -228,6 +232,7 @@ class Trainer:
             setattr(st, key, value)
         self.saved_step = st.step
         self.recovery.loaded(found, "nonfinite" if nonfinite else "spike")
+        self.metrics.reset_window()          # the steps after the rollback; the load is not one
         self.metrics.event({"kind": "rollback", "step": spike_step, "to_step": st.step, "checkpoint": str(found.path),
                             "lr_scale": st.lr_scale, "data": c.rollback_data, "consumed_samples": st.consumed_samples,
                             "why": why, "skipped": skipped})
@@ -236,6 +241,7 @@ class Trainer:
         """Checkpoint the current step, unless a weight is non-finite on any rank (False). The commit
         (meta.json, rename) runs once every rank's shards are on disk: right away, or later from
         finalize_saves (checkpoint.async_save). `valid_loss`: measured on these weights, if it was."""
+        entered = time.perf_counter()
         self.engine.finalize_saves(blocking=True)        # one save in flight at a time
         started, st = time.perf_counter(), self.state
         if not self.engine.weights_finite():
@@ -256,7 +262,7 @@ class Trainer:
         self.engine.save_checkpoint(directory, on_done=commit)
         self.saved_step = step
         self.timed_saves.saved()
-        self.metrics.reset_window()          # throughput excludes the (blocking part of the) save
+        self.metrics.saved(step, time.perf_counter() - entered)   # throughput excludes the save's blocking part
         return True
 
     def _validate_and_save(self, final: bool) -> bool:
@@ -273,7 +279,9 @@ class Trainer:
                 self.rollback("nonfinite_validation")
                 return False
         if self.downstream is not None and self.downstream.due(st.step, final):
+            started = time.perf_counter()
             self.downstream.run(st.step)          # the weights the save below writes
+            self.metrics.exclude(time.perf_counter() - started)
         due = ((interval > 0 and st.step % interval == 0) or (final and cfg.checkpoint.save_final)
                or self.timed_saves.due())        # evaluated alike on every rank: the same collectives
         if due and self.saved_step != st.step and not self.save(valid):
@@ -293,9 +301,12 @@ class Trainer:
         dataset = self.valid if split == "valid" else self.test
         if dataset is None or self.cfg.eval.eval_iters == 0:
             return None
+        started = time.perf_counter()
         batches = eval_batches(dataset, self.cfg, self.engine.dp_rank, self.engine.dp_size)
         loss = sum(self.engine.eval_loss(b) for b in batches) / len(batches)
-        self.history.append(self.metrics.evaluation(self.state.step, split, loss))
+        seconds = time.perf_counter() - started
+        self.metrics.exclude(seconds)        # throughput counts steps only
+        self.history.append(self.metrics.evaluation(self.state.step, split, loss, seconds))
         return loss
 
     def train(self) -> List[dict]:
@@ -303,11 +314,12 @@ class Trainer:
         # observers: they watch the steps (observability/hooks.py); the watchdog is re-armed by every step and
         # by every long piece of work that is not one (loading a large checkpoint is progress, not a hang)
         hooks = self.hooks = Hooks([Watchdog(self.run_dir, cfg.stability.watchdog_minutes, rank), self.straggler,
-                                    Profiler(cfg.profile.steps, self.run_dir)])
+                                    Profiler(cfg.profile.steps, self.run_dir), self.collective_timeout])
         self.preemption.install()
         try:
             hooks.progress()
             self.resume()
+            self.metrics.reset_window()          # the first step's window starts after the load
             hooks.progress()
             self._steps(rank)
             while not self._validate_and_save(final=True):     # rolled back: train up to the end again

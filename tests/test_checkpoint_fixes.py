@@ -153,3 +153,37 @@ def test_embedding_layernorm_normalises_trains_and_resumes(single_rank_megatron,
     again = engine_for(["model.embedding_layernorm=true"])
     load(again, tmp_path, meta)
     assert continue_losses(again, data) == later
+
+
+def test_dp_reshardable_problems_name_what_changed():
+    from pretrain.engines.megatron.checkpointing import dp_reshardable_problems
+    lay = dict(tp=1, pp=2, vpp=None, cp=1, ep=1, dp=4, world_size=8)
+    saved = {"distrib_optim_sharding_type": "dp_reshardable", "layout": lay, "ddp_bucket_size": 40_000_000}
+    assert dp_reshardable_problems("d", saved, {**lay, "dp": 16, "world_size": 32}, 40_000_000) == []
+    [problem] = dp_reshardable_problems("d", saved, {**lay, "pp": 1, "ep": 2}, None)
+    assert "this run changes pp=2->1, ep=1->2, DDP buckets 40000000->None (parallel.overlap_grad_reduce)" in problem
+    fully = {**saved, "distrib_optim_sharding_type": "fully_reshardable"}
+    assert dp_reshardable_problems("d", fully, {**lay, "tp": 8}, None) == []
+    older = {"distrib_optim_sharding_type": "dp_reshardable", "layout": {k: v for k, v in lay.items() if k != "ep"}}
+    assert dp_reshardable_problems("d", older, {**lay, "dp": 2}, None) == []    # no ep, no bucket record: as now
+
+
+def test_a_dp_reshardable_state_resumes_at_another_dp_only(saved):
+    """The same checkpoint, its meta.json saying TP=2: fully_reshardable's model-shaped state loads at TP=1 and
+    continues; dp_reshardable's per-bucket state is refused by name with the fix (exit 2: never requeued), before
+    megatron-core reads a byte."""
+    from common.config import ConfigError
+    directory, meta, data, later = saved
+    layout = {**meta["engine_state"]["layout"], "tp": 2, "world_size": 2}
+    moved = {**meta, "engine_state": {**meta["engine_state"], "layout": layout}}
+    engine = engine_for(["parallel=dist-opt"])
+    if meta["sharding"] == "fully_reshardable":
+        load(engine, directory, moved)
+        assert continue_losses(engine, data) == later        # no dropout: the reseed changes nothing
+        return
+    with pytest.raises(ConfigError) as refused:
+        load(engine, directory, moved)
+    text = str(refused.value)
+    assert f"{directory}: its distributed-optimizer state was saved as checkpoint.distrib_optim_sharding_type=" \
+           "dp_reshardable" in text and "this run changes tp=2->1." in text
+    assert "checkpoint.distrib_optim_sharding_type=fully_reshardable" in text and "load_weights_only=true" in text

@@ -61,6 +61,10 @@ def test_a_different_config_never_overwrites_a_run(tmp_path, capsys):
                                            "cluster.health_min_free_gb=5"])
     prepare_run_dir(resubmitted, run_dir)                           # where it runs, not what it trains
     assert "continuing it" in capsys.readouterr().out and (run_dir / "metrics.jsonl").exists()
+    rewritten = load_recipe("gpt-tiny", [f"run_dir={run_dir}", "checkpoint.distrib_optim_sharding_type="
+                                         "fully_reshardable"])      # how checkpoints are written, not what it trains
+    prepare_run_dir(rewritten, run_dir)
+    assert "continuing it" in capsys.readouterr().out and (run_dir / "metrics.jsonl").exists()
     prepare_run_dir(load_recipe("gpt-tiny", [f"run_dir={run_dir}", "schedule.train_iters=1"]), run_dir)
     out = capsys.readouterr().out
     assert "held a different run (schedule.train_iters): moved to" in out and "checkpoint.load=" in out

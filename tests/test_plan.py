@@ -167,5 +167,11 @@ def test_saves_on_wall_time_bound_the_lost_work_and_plan_shows_the_step_time_it_
     assert saves["minutes_between_saves_by_steps"] > 300 and saves["minutes_between_saves"] == 60.0
     assert (f"  saves             every {cfg.checkpoint.save_interval} steps (~"
             f"{saves['minutes_between_saves_by_steps']:,.0f} min at {saves['step_seconds']:.2f} s/step") in render(plan)
+    host = saves["host_gib"]                  # the optimizer state a save holds in host memory, per rank
+    assert host["format"] == "dp_reshardable" and cfg.derived.data_parallel_size == 8
+    assert host["dp_reshardable"] == pytest.approx(host["fully_reshardable"] / 8, abs=0.01)
+    assert host["fully_reshardable"] > 30
+    assert (f"  save host memory  {host['dp_reshardable']:,.2f} GiB per rank of optimizer state (dp_reshardable; "
+            f"fully_reshardable: {host['fully_reshardable']:,.2f} GiB)") in render(plan)
     off = make_plan(load_recipe("gpt-175b", ["checkpoint.save_interval_minutes=0"]))["saves"]
     assert off["minutes_between_saves"] == off["minutes_between_saves_by_steps"]

@@ -1,6 +1,7 @@
 """SLURM scripts rendered without a cluster: multi-node recipes' layouts, the site profile (container,
 srun arguments, account, setup, env) in every job and step, DRY_RUN and LAUNCHER handling of
 `make pretrain` and `make preprocess`. The jobs themselves run in tests/test_slurm.py."""
+import json
 import os
 import re
 import subprocess
@@ -102,7 +103,7 @@ def health_section(tmp_path, smi):
                                  "cluster.health_min_free_gb=0.001"])
     script = render(job, tmp_path / "run")
     start = script.index("# Pre-flight")
-    section = script[start:script.index("\n", script.index("launch.health collect", start))]
+    section = script[start:script.index("\nfi\n", script.index("launch.health collect", start)) + 3]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
     fakes = {"srun": 'while [[ "$1" == --* ]]; do shift; done; exec "$@"',
@@ -124,7 +125,7 @@ def test_a_cpu_only_torch_fails_the_job_without_blacklisting_the_node(tmp_path):
     """Issue 50: a CPU-only torch in the venv (or one the nodes cannot import) put every host in bad_nodes.txt.
     A software fault stops the job with the fix and leaves the bad-nodes file alone."""
     code, out, bad = health_section(tmp_path, HEALTHY_SMI)
-    assert code == 1 and "is a CPU-only build" in out and "software fault on" in out, out
+    assert code == 2 and "is a CPU-only build" in out and "software fault on" in out, out   # the job ends
     assert "No node was added to the bad-nodes file" in out and not bad.exists()
 
 
@@ -159,7 +160,7 @@ def test_no_report_from_any_node_is_the_softwares_fault(tmp_path, monkeypatch, c
     from launch import health
     monkeypatch.setattr(health, "job_hosts", lambda: ["n1", "n2"])
     bad = tmp_path / "bad.txt"
-    assert health.collect(argparse.Namespace(run_dir=str(tmp_path), bad_nodes_file=str(bad))) == 1
+    assert health.collect(argparse.Namespace(run_dir=str(tmp_path), bad_nodes_file=str(bad))) == 2
     assert "none of the 2 node(s) wrote a report" in capsys.readouterr().out and not bad.exists()
 
 
@@ -324,3 +325,74 @@ def test_every_step_ends_with_its_first_bad_rank_and_any_failure_but_a_refusal_r
         assert calls == []
     code, out, calls = job_after_its_step(tmp_path, "exit 0")
     assert code == 0 and calls == []
+
+
+def test_a_failed_health_check_requeues_the_job_without_the_bad_host(tmp_path):
+    """The pre-flight found a bad host: no training on this allocation, the job requeues at once with the host
+    excluded (a software fault ends it instead: test_a_cpu_only_torch_fails_the_job_without_blacklisting_the_node)."""
+    from launch.slurm import render
+    from pretrain.config.compose import load_recipe
+    run_dir, bad = tmp_path / "run", tmp_path / "bad.txt"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "health" / "7").mkdir(parents=True)
+    (run_dir / "health" / "7" / "n1.json").write_text(json.dumps(
+        {"problems": ["GPU 3: 2 uncorrected ECC errors"], "stage": "done", "software": []}))
+    job = load_recipe("gpt-tiny", [*CLUSTER, f"run_dir={run_dir}", "cluster.max_restarts=2",
+                                   f"cluster.bad_nodes_file={bad}", "cluster.health_check=true"])
+    (tmp_path / "launch.sbatch").write_text(render(job, run_dir))
+    steps = tmp_path / "srun.log"
+    code, out, calls = job_after_its_step(tmp_path, f'echo "$*" >> {steps}')
+    assert code == 0 and "health FAILED on n1: GPU 3: 2 uncorrected ECC errors" in out, out
+    assert "requeueing without the failed host(s) (restart 1 of at most 2)" in out, out
+    assert calls == ["show hostnames n1",                     # the collect step: the allocation's hosts
+                     "requeuehold 7", "update JobId=7 StartTime=now+2", "update JobId=7 ExcNodeList=n1", "release 7"]
+    assert len(steps.read_text().splitlines()) == 1 and "launch.health check" in steps.read_text()   # no training
+    assert bad.read_text().startswith("n1  # job 7: GPU 3: 2 uncorrected ECC errors")
+
+
+def test_restart_backoff_is_the_batch_scripts_rule():
+    from pretrain.stability.exit_codes import restart_backoff
+    assert [restart_backoff(code, 0, 2, 60) for code in (0, 2, 3, 4, 5)] == [None] * 5      # success, refusals
+    assert [restart_backoff(75, 0, 2, 60), restart_backoff(143, 0, 2, 60), restart_backoff(1, 1, 2, 60)] == [2, 60, 120]
+    assert (restart_backoff(1, 2, 2, 60), restart_backoff(1, 9, 20, 60), restart_backoff(1, 0, 2, 0)) == (None, 3600, 2)
+
+
+@pytest.mark.parametrize("outcome, requeued_in", [(75, 2), (RuntimeError("CUDA error: an illegal memory access"), 60),
+                                                  (3, None), ("config", None), (0, None)])
+def test_make_ablate_jobs_requeue_like_make_pretrain_jobs(tmp_path, monkeypatch, outcome, requeued_in):
+    """launch/ablate.py's submitit task (submitit and scontrol faked: no cluster): a preemption's checkpoint and any
+    failure, an exception included, requeue with the batch script's back-off; a refusal (a ConfigError is one,
+    exit 2) and success do not."""
+    import sys as sys_
+    import types
+
+    from common.config import ConfigError
+    from launch import ablate
+    from pretrain import train
+    from pretrain.config.compose import load_recipe
+
+    def run(job):
+        if isinstance(outcome, Exception):
+            raise outcome
+        if outcome == "config":
+            raise ConfigError(["resume: dp_reshardable ..."], source="resume")
+        return outcome
+    environment = types.SimpleNamespace(export=lambda **kw: None)
+    fake = types.SimpleNamespace(helpers=types.SimpleNamespace(TorchDistributedEnvironment=lambda: environment),
+                                 JobEnvironment=lambda: types.SimpleNamespace(global_rank=0, job_id="7"))
+    monkeypatch.setitem(sys_.modules, "submitit", fake)
+    monkeypatch.setattr(train, "run", run)
+    calls = []
+    monkeypatch.setattr(ablate.subprocess, "run", lambda cmd, **kw: calls.append(" ".join(cmd[1:])))
+    monkeypatch.setattr(ablate.signal, "signal", lambda *a: None)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    job = load_recipe("gpt-tiny", [*CLUSTER, f"run_dir={tmp_path}", "cluster.max_restarts=2"])
+    if isinstance(outcome, Exception):
+        with pytest.raises(RuntimeError, match="illegal memory access"):      # the task still fails, requeued
+            ablate.train_here(job)
+    else:
+        assert ablate.train_here(job) == (2 if outcome == "config" else outcome)
+    expected = [] if requeued_in is None else ["requeuehold 7", f"update JobId=7 StartTime=now+{requeued_in}",
+                                               "release 7"]
+    assert calls == expected

@@ -7,10 +7,12 @@ import shutil
 import signal
 import subprocess
 import time
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from pretrain.schedules import lr_at
 from tests.conftest import REPO, newest_checkpoint
@@ -116,6 +118,12 @@ def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(
     assert report.returncode == 0, report.stderr
     assert "rollback_events      1" in report.stdout and "spike_events         1" in report.stdout
     assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    book = json.loads((run_dir / "goodput.json").read_text())          # the goodput ledger, written by the report
+    assert (book["steps_productive"], book["steps_replayed"], book["restarts"]) == (20, 4, 0)   # 11-14 again
+    parts = [book[k] for k in ("startup_s", "checkpoint_load_s", "productive_s", "replayed_s", "evaluation_s",
+                               "checkpoint_save_s", "restart_s", "other_s")]
+    assert abs(sum(parts) - book["wall_s"]) < 1e-6 * book["wall_s"] and min(parts[:-1]) >= 0
+    assert book["checkpoint_save_s"] > 0 and book["checkpoint_load_s"] == 0 and "goodput   " in report.stdout
 
 
 @pytest.mark.slow
@@ -337,7 +345,13 @@ def test_a_signal_saves_the_step_and_exits_for_requeue_then_the_run_resumes_exac
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"}
 
-    trainer("full").train()
+    from torch.distributed import distributed_c10d
+
+    from pretrain.stability.timeouts import set_collective_timeout
+    trainer("full", ["stability.step_timeout_minutes=7.5"]).train()
+    default = distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    assert default.options._timeout == timedelta(minutes=7.5)        # the loop set it after the first step
+    set_collective_timeout(30)
     before = signal.getsignal(signal.SIGUSR1)
     with pytest.raises(RunPreempted, match="checkpoint of step 3 saved"):
         trainer("cut", ["fault.preempt_at_step=3"]).train()
@@ -431,3 +445,28 @@ def test_nan_weights_before_any_good_checkpoint_stop_the_run_without_saving_them
     assert [(e["kind"], e["step"]) for e in events] == [("nonfinite", 4), ("nonfinite", 5), ("save_refused", 5),
                                                         ("stopped", 5)]
     assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))
+
+
+def test_the_step_timeout_reaches_every_process_group_after_the_first_step(single_rank_megatron):
+    """megatron-core's subgroups too (a hung TP or DP peer is waited for in those); a rollback relaxes it."""
+    from pretrain.config.compose import load_recipe
+    from pretrain.stability.timeouts import CollectiveTimeout, process_groups, set_collective_timeout
+
+    def timeouts():
+        return {pg._get_backend(torch.device("cpu")).options._timeout for pg in process_groups()}
+
+    assert len(process_groups()) >= 10             # world, TP, PP, DP, CP, EP, ... each a group of its own
+    hook = CollectiveTimeout(30, 2.5)
+    try:
+        hook.stepped(1)
+        assert timeouts() == {timedelta(minutes=2.5)}
+        hook.relax()
+        assert timeouts() == {timedelta(minutes=30)}
+        hook.stepped(7)
+        assert timeouts() == {timedelta(minutes=2.5)}
+        CollectiveTimeout(30, 0).stepped(1)        # 0: keeps what it found
+        assert timeouts() == {timedelta(minutes=2.5)}
+    finally:
+        set_collective_timeout(30)
+    with pytest.raises(ValueError, match=r"stability.step_timeout_minutes=-1.0 must be >= 0"):
+        load_recipe("gpt-tiny", ["stability.step_timeout_minutes=-1"])

@@ -20,7 +20,8 @@ from tests.training import PY, REPO, STEPS, records, shared_runs, training_comma
 
 ALL = "logging.trackers=[tensorboard,wandb,mlflow]"
 # what a re-trained step measures anew (time, speed, memory); everything else is equal on a resume
-TIMING = {"train/tokens_per_s", "train/samples_per_s", "train/tflops_per_device", "train/memory_gib"}
+TIMING = {"train/tokens_per_s", "train/samples_per_s", "train/tflops_per_device", "train/memory_gib", "train/window_s",
+          "valid/eval_s", "test/eval_s"}
 
 
 def wanted(run_dir) -> dict:

@@ -275,13 +275,17 @@ class CheckpointConfig:
                           "`digests`): the strong, slower mode.")
     async_save: bool = doc(False, "Megatron engine: write checkpoints in a background process while training goes on; "
                            "committed (meta.json, rename) once every rank's writer finished.")
-    distrib_optim_sharding_type: str = doc("fully_reshardable", "Distributed-optimizer layout: 'fully_reshardable' "
-                                                                "(any layout) or 'dp_reshardable' (DP may change).")
+    distrib_optim_sharding_type: str = doc("dp_reshardable", "Distributed-optimizer format: 'dp_reshardable' (each "
+                                           "rank writes and reads its own buckets; only DP may change at a resume) or "
+                                           "'fully_reshardable' (gathered on DP rank 0 in host memory; any layout).")
 
 
 @dataclass
 class StabilityConfig:
-    distributed_timeout_minutes: int = doc(30, "Timeout of torch.distributed collectives.")
+    distributed_timeout_minutes: int = doc(30, "Timeout of torch.distributed collectives through start-up (checkpoint "
+                                               "load, data indexes) and the first step.")
+    step_timeout_minutes: float = doc(10.0, "Timeout of every collective from the second step on (NCCL/gloo: a lost "
+                                            "or hung rank ends the step this soon); 0 keeps the start-up one.")
     lock_wait_s: int = doc(120, "A requeued job waits this long for its earlier incarnation's run-directory lock "
                                 "(an NFS server keeps a lost node's for its lease, ~90 s), then refuses.")
     watchdog_minutes: float = doc(30.0, "No step, evaluation or save within this: every rank dumps all thread stacks "

@@ -162,6 +162,11 @@ def validate(cfg: JobConfig) -> None:
         add(f"checkpoint.save_interval_minutes={cfg.checkpoint.save_interval_minutes} must be >= 0 (0: saves by steps "
             "only).")
 
+    st = cfg.stability
+    if st.step_timeout_minutes < 0 or st.distributed_timeout_minutes <= 0:
+        add(f"stability.step_timeout_minutes={st.step_timeout_minutes} must be >= 0 (0: keep the start-up one) and "
+            f"stability.distributed_timeout_minutes={st.distributed_timeout_minutes} > 0.")
+
     cl = cfg.cluster
     for problem in sbatch_problems("cluster", cl, {"name": cfg.name, "run_dir": cfg.run_dir}):
         add(problem)

@@ -7,6 +7,9 @@ pretrain/model/inventory_peft.py; BERT / T5: the logged tokens are encoder token
 and the FLOPs per token a sample's, decoder included, / seq_length) x tokens/s / devices;
 MFU = that / the device's dense peak, also handed over (pretrain/plan/hardware.py; none on CPU).
 Memory: max allocated on GPU, resident set size on CPU.
+Time: each train record carries `window_s`, the seconds its `window_steps` steps took with evaluations and the
+blocking part of saves excluded (their own seconds: `eval_s` in evaluation records, `stall_s` in
+<run_dir>/saves.jsonl); the goodput ledger (observability/goodput.py) is summed from these.
 A step's named terms (the objective's z_loss, mtp_loss, kd_loss, ...; the engine's MoE router statistics) are
 written as they arrive: the record and the console line take whatever names a step reports.
 """
@@ -63,30 +66,38 @@ class Metrics:
         self.flops_per_token, self.peak = flops_per_token, peak_tflops
         self.first_record = dict(first_record or {})
         self.devices = cfg.derived.world_size
-        self.window_start, self.window_tokens, self.window_samples = time.perf_counter(), 0, 0
+        self.reset_window()
         self.skipped_total = 0
         self.jsonl = self.trackers = None
         if enabled:        # only the logging rank talks to trackers
             run_dir.mkdir(parents=True, exist_ok=True)
             self.jsonl = open_appending(run_dir / "metrics.jsonl")
             self.events = open_appending(run_dir / "events.jsonl")
+            self.saves = open_appending(run_dir / "saves.jsonl")
             from omegaconf import OmegaConf
 
             config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
             self.trackers = Trackers(cfg, run_dir, config, self.event)
 
     def reset_window(self) -> None:
+        """A new throughput window from now (after a checkpoint load: the load is not a step)."""
         self.window_start, self.window_tokens, self.window_samples = time.perf_counter(), 0, 0
+        self.window_steps, self.window_excluded = 0, 0.0
+
+    def exclude(self, seconds: float) -> None:
+        """Seconds inside the current window that were not steps (an evaluation, a save's blocking part)."""
+        self.window_excluded += seconds
 
     def step(self, step: int, result, lr: float, global_batch: int, consumed_samples: int,
              mix_weights: Optional[list] = None) -> Optional[dict]:
         tokens = global_batch * self.cfg.model.seq_length
         self.window_tokens += tokens
         self.window_samples += global_batch
+        self.window_steps += 1
         self.skipped_total += int(result.skipped)
         if (step + 1) % self.cfg.logging.log_interval and step + 1 != self.cfg.derived.train_iters:
             return None
-        elapsed = max(1e-9, time.perf_counter() - self.window_start)
+        elapsed = max(1e-9, time.perf_counter() - self.window_start - self.window_excluded)
         tps = self.window_tokens / elapsed
         tflops = self.flops_per_token * tps / self.devices / 1e12
         record = {"kind": "train", "step": step + 1, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
@@ -94,7 +105,8 @@ class Metrics:
                   "consumed_samples": consumed_samples, "consumed_tokens": consumed_samples * self.cfg.model.seq_length,
                   "tokens_per_s": tps, "samples_per_s": self.window_samples / elapsed,
                   "tflops_per_device": tflops, "mfu": tflops / self.peak if self.peak else None,
-                  "memory_gib": memory_gib() if self.cfg.logging.log_memory else None, "time": time.time()}
+                  "memory_gib": memory_gib() if self.cfg.logging.log_memory else None,
+                  "window_s": elapsed, "window_steps": self.window_steps, "time": time.time()}
         record.update(result.terms)
         record.update(self.first_record)
         self.first_record = {}
@@ -113,8 +125,9 @@ class Metrics:
                   flush=True)
         return record
 
-    def evaluation(self, step: int, split: str, loss: float) -> dict:
-        record = {"kind": split, "step": step, "loss": loss, "ppl": math.exp(min(loss, 50.0)), "time": time.time()}
+    def evaluation(self, step: int, split: str, loss: float, seconds: Optional[float] = None) -> dict:
+        record = {"kind": split, "step": step, "loss": loss, "ppl": math.exp(min(loss, 50.0)), "eval_s": seconds,
+                  "time": time.time()}
         if self.enabled:
             self.record(record)
             print(f"{split} step {step}: loss {loss:.4f} | ppl {record['ppl']:.2f}", flush=True)
@@ -134,6 +147,14 @@ class Metrics:
             self.events.flush()
             if self.trackers:
                 self.trackers.event(record)
+
+    def saved(self, step: int, stall_s: float) -> None:
+        """A save's blocking part (the loop waited `stall_s` seconds), to <run_dir>/saves.jsonl from the logging
+        rank; kept out of the window's throughput."""
+        self.exclude(stall_s)
+        if self.enabled:
+            self.saves.write(json.dumps({"step": step, "stall_s": stall_s, "time": time.time()}) + "\n")
+            self.saves.flush()
 
     def log_scalars(self, step: int, values: dict) -> None:
         """Extra scalars {name: number} at `step` for every tracker (TensorBoard included), from the logging
@@ -157,4 +178,5 @@ class Metrics:
         if self.jsonl:
             self.jsonl.close()
             self.events.close()
+            self.saves.close()
         sys.stdout.flush()

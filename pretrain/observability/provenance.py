@@ -55,6 +55,12 @@ def versions() -> dict:
     return out
 
 
+def process_start() -> float:
+    """When this process started (Unix seconds): the goodput ledger's start-up begins there, imports included."""
+    import psutil
+    return psutil.Process().create_time()
+
+
 def record(run_dir: Path) -> Path | None:
     """Collective (every rank calls it): hosts are gathered, rank 0 writes."""
     host = {"host": socket.gethostname(), "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
@@ -70,7 +76,8 @@ def record(run_dir: Path) -> Path | None:
     (out / "git.diff").write_text(_run(["git", "diff", "HEAD"]))
     (out / "pip-freeze.txt").write_text(pip_freeze())
     start = len(list(out.glob("start-*.json")))
-    info = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "git_commit": commit,
+    info = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "process_start": process_start(), "argv": sys.argv,
+            "git_commit": commit,
             "git_status": _run(["git", "status", "--porcelain"]).splitlines(), "versions": versions(),
             "ranks": hosts, "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}}
     path = out / f"start-{start}.json"

@@ -1,7 +1,8 @@
 """`make report RUN=<run_dir>`: what happened in a run, and a picture of it.
 
-Prints steps, tokens, restarts, skipped steps, spikes, rollbacks, throughput and the last
-train/valid/test losses from <run_dir>/metrics.jsonl, events.jsonl and provenance/, and draws
+Prints steps, tokens, restarts, skipped steps, spikes, rollbacks, throughput, the last
+train/valid/test losses and the goodput ledger (observability/goodput.py, also written to
+<run_dir>/goodput.json) from <run_dir>/metrics.jsonl, events.jsonl, saves.jsonl and provenance/, and draws
 <run_dir>/report.png (pretrain/observability/report_plot.py): loss with validation loss, LR, grad norm,
 tokens/s and memory against the step (tokens on the top axis), the events marked at their
 steps. Reads files only (no torch, no experiment tracker); runs on a login node while training
@@ -14,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from .goodput import ledger_lines, run_ledger
 from .report_plot import save
 
 
@@ -62,11 +64,14 @@ def summarize(run_dir: Path) -> tuple[str, dict]:
         stats["unreadable_lines"] = f"{bad_metrics} in metrics.jsonl, {bad_events} in events.jsonl (left out)"
     lines = [f"run {run_dir}"] + [f"  {k:<20} {v:,.4g}" if isinstance(v, float) else f"  {k:<20} {v}"
                                   for k, v in stats.items()]
+    starts_found = (run_dir / "provenance").is_dir() and any((run_dir / "provenance").glob("start-*.json"))
+    book = run_ledger(run_dir) if starts_found else None          # also <run_dir>/goodput.json
+    lines += ledger_lines(book) if book else []
     for e in events:
         lines.append(f"  event step {e['step']:>6} {e['kind']}: " +
                      ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "step", "time")))
     return "\n".join(lines), {"train": train, "records": records, "events": events, "stats": stats,
-                               "device": _device(run_dir)}
+                               "device": _device(run_dir), "goodput": book}
 
 
 def plot(run_dir: Path, data: dict) -> Path:

@@ -7,7 +7,8 @@ appends to metrics.jsonl and a rollback logs its steps again: each curve keeps t
 of every step (the history the final weights went through) and draws the records a restart or
 rollback logged again faintly beside it. events.jsonl is drawn on every panel as vertical lines
 at the event's step: restarts (`resume`, `checkpoint_skipped`), non-finite and spike steps,
-rollbacks (the steps they replay shaded), preemption, stop; any other kind in grey.
+rollbacks (the steps they replay shaded), preemption, stop; any other kind in grey. The goodput ledger, when the
+run has one, is a bar of its wall time's parts in the memory panel's top right.
 """
 from __future__ import annotations
 
@@ -112,6 +113,28 @@ def _events(axes, events: list) -> list:
     return list(handles.values())
 
 
+GOODPUT_COLORS = {"productive_s": "tab:green", "replayed_s": "tab:olive", "startup_s": "tab:gray",
+                  "checkpoint_load_s": "tab:purple", "evaluation_s": "tab:orange", "checkpoint_save_s": "tab:blue",
+                  "restart_s": "tab:red", "other_s": "lightgray"}
+
+
+def _goodput_bar(ax, book: dict) -> None:
+    """The goodput ledger (observability/goodput.py) as one bar of the wall time split into its parts, in an inset
+    at the top right of `ax` (each part's patch has gid 'goodput:<part>', its width the part's share)."""
+    inset = ax.inset_axes([0.5, 0.78, 0.49, 0.14])
+    left, wall = 0.0, book["wall_s"] or 1.0
+    for part, color in GOODPUT_COLORS.items():
+        share = max(0.0, book[part]) / wall
+        for patch in inset.barh(0, share, left=left, color=color, label=f"{part[:-2]} {share:.0%}"):
+            patch.set_gid(f"goodput:{part}")
+        left += share
+    inset.set_xlim(0, max(1.0, left))
+    inset.set_yticks([])
+    inset.tick_params(labelsize=7)
+    inset.set_title(f"goodput {book['goodput']:.1%} of the wall time ({book['restarts']} restarts)", fontsize=8)
+    inset.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=6, frameon=False)
+
+
 def figure(data: dict, title: str):
     """The report figure and its panels by name (loss, lr, grad_norm, tokens_per_s, memory)."""
     import matplotlib
@@ -177,6 +200,8 @@ def figure(data: dict, title: str):
         ax.set_ylabel("memory GiB", fontsize=9)
     ax.set_xlabel("step")
 
+    if data.get("goodput"):
+        _goodput_bar(panels["memory"], data["goodput"])
     handles = _events(axes, events)
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), fontsize=8,

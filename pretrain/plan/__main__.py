@@ -109,6 +109,11 @@ def render(plan: dict) -> str:
         gap = (f"a fault loses at most ~{sv['minutes_between_saves']:,.0f} min" if sv["minutes_between_saves"]
                else "no periodic saves: a fault loses the run since its start")
         lines.append(f"  saves             {steps}, or {timed}, whichever first: {gap}")
+        if sv["host_gib"]:
+            h = sv["host_gib"]
+            other = "fully_reshardable" if h["format"] == "dp_reshardable" else "dp_reshardable"
+            lines.append(f"  save host memory  {h[h['format']]:,.2f} GiB per rank of optimizer state ({h['format']}; "
+                         f"{other}: {h[other]:,.2f} GiB)")
     return "\n".join(lines)
 
 

@@ -113,7 +113,20 @@ def saves_plan(cfg: JobConfig, step_s: float) -> dict:
     return {"step_seconds": round(step_s, 3), "save_interval": c.save_interval,
             "save_interval_minutes": c.save_interval_minutes,
             "minutes_between_saves_by_steps": round(by_steps, 1) if by_steps else None,
-            "minutes_between_saves": round(min(gaps), 1) if gaps else None}
+            "minutes_between_saves": round(min(gaps), 1) if gaps else None, "host_gib": save_host_gib(cfg)}
+
+
+def save_host_gib(cfg: JobConfig) -> Optional[dict]:
+    """Host memory per rank for the distributed optimizer's state at a save, in each format (None without it):
+    dp_reshardable copies this rank's shard (the TP/PP slice's fp32 masters and moments / DP); fully_reshardable
+    gathers the whole slice on every DP rank (megatron-core get_parameter_state_dp_zero, return_on_all_ranks)."""
+    p = cfg.parallel
+    if p.engine != "megatron" or not p.use_distributed_optimizer:
+        return None
+    slice_gib = max(state for _, state, _ in stage_param_bytes(cfg)) / 2**30
+    return {"format": cfg.checkpoint.distrib_optim_sharding_type,
+            "dp_reshardable": round(slice_gib / max(1, cfg.derived.data_parallel_size), 2),
+            "fully_reshardable": round(slice_gib, 2)}
 
 
 def peft_plan(cfg: JobConfig, params: dict, flops: dict) -> dict:

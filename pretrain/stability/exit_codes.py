@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 CONFIG_REFUSED = 2        # the config (or an override) is invalid: common/cli.py `command`
 RUN_STOPPED = 3           # the stability policy gave up, or no checkpoint verifies (pretrain/loop.py RunStopped)
@@ -34,3 +35,15 @@ def record_exit(code: int) -> int:
         except OSError:
             pass                  # the exit status still says it where srun passes it through
     return code
+
+
+def restart_backoff(code: int, restarts: int, max_restarts: int, backoff_s: int) -> Optional[int]:
+    """Seconds until the requeued job may start, or None: not requeued (success, a refusal, or `max_restarts`
+    reached). The batch script (launch/templates/sbatch.j2) applies the same rule in bash: a signal's
+    checkpoint (REQUEUE_EXIT) restarts in 2 s (SLURM kills a restart that begins within the second its old
+    credential was revoked), any other failure after `backoff_s` doubled with each restart, 2 s to 1 h."""
+    if code == 0 or code in REFUSALS or restarts >= max_restarts:
+        return None
+    if code == REQUEUE_EXIT:
+        return 2
+    return min(3600, max(2, backoff_s << min(restarts, 6)))

@@ -2,10 +2,13 @@
 
 Tensors are saved under global keys (layer offsets, TP/PP slices in the key's metadata), so
 a checkpoint loads into a different TP/PP/VPP/DP layout. The distributed optimizer is saved
-as `checkpoint.distrib_optim_sharding_type` (`fully_reshardable`: model-shaped tensors,
-loads at any layout; `dp_reshardable`: per-bucket, only DP may change); megatron-core's
-default raises "flattened_range is not supported" on 0.16.1. The checkpoint is written by
-the torch_dist writer, which starts helper processes: entry points need a `__main__` guard.
+as `checkpoint.distrib_optim_sharding_type`: `dp_reshardable` (the default: each rank writes
+and reads its own slice of the distributed optimizer's buckets, nothing gathered; only DP may
+change at a resume, anything else is refused by name with the fix, `dp_reshardable_problems`) or
+`fully_reshardable` (model-shaped tensors gathered on DP rank 0 in host memory at every save;
+loads at any layout); megatron-core's default raises "flattened_range is not supported" on
+0.16.1. The checkpoint is written by the torch_dist writer, which starts helper processes: entry
+points need a `__main__` guard.
 
 Precision changes: a bf16/fp16 run keeps fp32 master weights in the optimizer
 (`optimizer.state.fp32_param.*`, or `optimizer.state.param.*` for the distributed
@@ -21,8 +24,9 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
+from common.config import ConfigError
 from common.process import die_with_parent
 
 from ..base import same_placement
@@ -75,6 +79,39 @@ def _into_chunks(chunks, loaded: dict, keep: Keep) -> None:
 
 def _optimizer_metadata(sharding_type: str) -> dict:
     return {"distrib_optim_sharding_type": sharding_type}
+
+
+# Gradient buckets (with overlap_grad_reduce) of a fixed size, megatron-core's own below DP=40. Its default,
+# max(4e7, 1e6 x DP), moves the bucket boundaries when DP changes above 40, and a dp_reshardable
+# checkpoint is stored bucket by bucket: the same buckets at every DP keep it resumable at another DP.
+DDP_BUCKET_NUMEL = 40_000_000
+DP_RESHARDABLE_FIXED = ("tp", "pp", "vpp", "cp", "ep")     # the layout a dp_reshardable state needs unchanged
+
+
+def bucket_size(cfg) -> Optional[int]:
+    """The DDP bucket size in elements (None: one bucket per buffer, megatron-core's choice without overlap)."""
+    return DDP_BUCKET_NUMEL if cfg.parallel.overlap_grad_reduce else None
+
+
+def dp_reshardable_problems(directory, saved: dict, now: dict, now_buckets: Optional[int]) -> List[str]:
+    """Why `saved` (a checkpoint's engine_state) cannot load its dp_reshardable optimizer state into this run
+    (`now`: Engine.layout(), `now_buckets`: bucket_size): the state is each TP/PP/EP rank's distributed-optimizer
+    buckets, so only the data-parallel size may differ. megatron-core itself would fail deep inside the load
+    with a shape or missing-key error."""
+    if saved.get("distrib_optim_sharding_type") != "dp_reshardable":
+        return []
+    moved = [f"{k}={saved['layout'].get(k, 1 if k == 'ep' else None)}->{now.get(k)}" for k in DP_RESHARDABLE_FIXED
+             if saved["layout"].get(k, 1 if k == "ep" else None) != now.get(k)]
+    if "ddp_bucket_size" in saved and saved["ddp_bucket_size"] != now_buckets:
+        moved.append(f"DDP buckets {saved['ddp_bucket_size']}->{now_buckets} (parallel.overlap_grad_reduce)")
+    if not moved:
+        return []
+    return [f"{directory}: its distributed-optimizer state was saved as checkpoint.distrib_optim_sharding_type="
+            f"dp_reshardable, which resumes at another data-parallel size only; this run changes {', '.join(moved)}. "
+            "Fix: resume it once at the saved layout with checkpoint.distrib_optim_sharding_type=fully_reshardable "
+            "and let it save (the next save interval, or `scancel --signal=USR1` under SLURM), then resume that "
+            "checkpoint at the new layout; or set checkpoint.load_weights_only=true to keep the weights and start "
+            "a fresh optimizer."]
 
 
 _MANAGERS: list = []      # the results-queue Manager of this process (a reference keeps it running)
@@ -207,11 +244,17 @@ def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> 
     saved_half = saved["precision"] != "fp32"
     now_half = cfg.precision.half
     load_optimizer = not weights_only
+    # Refusals a restart cannot fix: ConfigError exits 2 (pretrain/stability/exit_codes.py), never requeued.
     if load_optimizer and saved["layout"]["distributed_optimizer"] != cfg.parallel.use_distributed_optimizer:
-        raise ValueError(f"{directory}: saved with parallel.use_distributed_optimizer="
-                         f"{saved['layout']['distributed_optimizer']}, this run has "
-                         f"{cfg.parallel.use_distributed_optimizer}; optimizer states of the two do not map. "
-                         "Fix: keep the setting, or set checkpoint.load_weights_only=true to start a fresh optimizer.")
+        raise ConfigError([f"{directory}: saved with parallel.use_distributed_optimizer="
+                           f"{saved['layout']['distributed_optimizer']}, this run has "
+                           f"{cfg.parallel.use_distributed_optimizer}; optimizer states of the two do not map. Fix: "
+                           "keep the setting, or set checkpoint.load_weights_only=true to start a fresh optimizer."],
+                          source="resume")
+    if load_optimizer and cfg.parallel.use_distributed_optimizer:
+        problems = dp_reshardable_problems(directory, saved, engine.layout(), bucket_size(cfg))
+        if problems:
+            raise ConfigError(problems, source="resume")
 
     state = _model_sharded(engine.model, engine.checkpoint_keys)
     if load_optimizer:

@@ -61,7 +61,8 @@ class MegatronEngine(Engine):
                 virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
                 context_parallel_size=p.context_parallel_size,
                 expert_model_parallel_size=p.expert_model_parallel_size,
-                expert_tensor_parallel_size=p.expert_tensor_parallel_size)
+                expert_tensor_parallel_size=p.expert_tensor_parallel_size,
+                distributed_timeout_minutes=cfg.stability.distributed_timeout_minutes)   # short after step 1
         self.ps = ps
         torch.manual_seed(cfg.seed)
         model_parallel_cuda_manual_seed(cfg.seed)
@@ -103,7 +104,7 @@ class MegatronEngine(Engine):
                                     self.on_cpu, checkpoints=bool(ck.save_interval or ck.save_final or ck.load))
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32 or not cfg.precision.half,
-            overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
+            overlap_grad_reduce=cfg.parallel.overlap_grad_reduce, bucket_size=checkpointing.bucket_size(cfg),
             overlap_param_gather=cfg.parallel.overlap_param_gather,
             use_distributed_optimizer=cfg.parallel.use_distributed_optimizer,
             average_in_collective=False)
@@ -259,6 +260,7 @@ class MegatronEngine(Engine):
         return {"engine": self.name, "precision": self.cfg.precision.dtype, "layout": self.layout(),
                 "attention": attention_record(self.cfg),     # the core attention and kernel this run built
                 "distrib_optim_sharding_type": self.cfg.checkpoint.distrib_optim_sharding_type,
+                "ddp_bucket_size": checkpointing.bucket_size(self.cfg),   # dp_reshardable's buckets follow it
                 **self.objective.checkpoint_meta()}
 
     def save_checkpoint(self, directory, on_done=lambda: None) -> None:
