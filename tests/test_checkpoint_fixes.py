@@ -114,7 +114,9 @@ def test_other_update_rules_learn_and_resume_bit_identically(single_rank_megatro
 
 @pytest.mark.parametrize("dist_opt", [False, True], ids=["plain", "distopt"])
 def test_bf16_checkpoint_gives_fp32_run_the_exact_master_weights(single_rank_megatron, tmp_path, dist_opt):
-    par = ["parallel=dist-opt"] if dist_opt else []
+    # The distributed optimizer's dp_reshardable state (the default) is keyed by the buffers' dtype: a change of
+    # precision is refused (below); fully_reshardable's per-parameter state carries over.
+    par = ["parallel=dist-opt", "checkpoint.distrib_optim_sharding_type=fully_reshardable"] if dist_opt else []
     bf16 = engine_for(par + ["precision=bf16"])
     data = batches(bf16, 3)
     for b in data[:2]:
@@ -166,6 +168,8 @@ def test_dp_reshardable_problems_name_what_changed():
     assert dp_reshardable_problems("d", fully, {**lay, "tp": 8}, None) == []
     older = {"distrib_optim_sharding_type": "dp_reshardable", "layout": {k: v for k, v in lay.items() if k != "ep"}}
     assert dp_reshardable_problems("d", older, {**lay, "dp": 2}, None) == []    # no ep, no bucket record: as now
+    [problem] = dp_reshardable_problems("d", {**saved, "precision": "bf16"}, lay, 40_000_000, "fp32")
+    assert "this run changes precision bf16->fp32. Fix:" in problem
 
 
 def test_a_dp_reshardable_state_resumes_at_another_dp_only(saved):

@@ -93,17 +93,20 @@ def bucket_size(cfg) -> Optional[int]:
     return DDP_BUCKET_NUMEL if cfg.parallel.overlap_grad_reduce else None
 
 
-def dp_reshardable_problems(directory, saved: dict, now: dict, now_buckets: Optional[int]) -> List[str]:
+def dp_reshardable_problems(directory, saved: dict, now: dict, now_buckets: Optional[int],
+                            now_precision: Optional[str] = None) -> List[str]:
     """Why `saved` (a checkpoint's engine_state) cannot load its dp_reshardable optimizer state into this run
-    (`now`: Engine.layout(), `now_buckets`: bucket_size): the state is each TP/PP/EP rank's distributed-optimizer
-    buckets, so only the data-parallel size may differ. megatron-core itself would fail deep inside the load
-    with a shape or missing-key error."""
+    (`now`: Engine.layout(), `now_buckets`: bucket_size, `now_precision`: the parameters' dtype): the state is
+    each TP/PP/EP rank's distributed-optimizer buckets, keyed by the buffer's dtype, so only the data-parallel
+    size may differ. megatron-core itself would fail deep inside the load with a shape or missing-key error."""
     if saved.get("distrib_optim_sharding_type") != "dp_reshardable":
         return []
     moved = [f"{k}={saved['layout'].get(k, 1 if k == 'ep' else None)}->{now.get(k)}" for k in DP_RESHARDABLE_FIXED
              if saved["layout"].get(k, 1 if k == "ep" else None) != now.get(k)]
     if "ddp_bucket_size" in saved and saved["ddp_bucket_size"] != now_buckets:
         moved.append(f"DDP buckets {saved['ddp_bucket_size']}->{now_buckets} (parallel.overlap_grad_reduce)")
+    if now_precision is not None and saved.get("precision", now_precision) != now_precision:
+        moved.append(f"precision {saved['precision']}->{now_precision}")
     if not moved:
         return []
     return [f"{directory}: its distributed-optimizer state was saved as checkpoint.distrib_optim_sharding_type="
@@ -252,7 +255,7 @@ def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> 
                            "keep the setting, or set checkpoint.load_weights_only=true to start a fresh optimizer."],
                           source="resume")
     if load_optimizer and cfg.parallel.use_distributed_optimizer:
-        problems = dp_reshardable_problems(directory, saved, engine.layout(), bucket_size(cfg))
+        problems = dp_reshardable_problems(directory, saved, engine.layout(), bucket_size(cfg), cfg.precision.dtype)
         if problems:
             raise ConfigError(problems, source="resume")
 
