@@ -28,6 +28,7 @@ from typing import List
 
 from common.cli import command
 from common.config import ConfigError
+from pretrain.config.compose import from_yaml
 from pretrain.stability.exit_codes import CONFIG_REFUSED
 
 FIX_VENV = ("Fix: build the venv on a GPU node through this cluster profile (`make setup-job RECIPE=<recipe>`, "
@@ -87,7 +88,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, type=Path, help="the run's resolved config.yaml")
     args = parser.parse_args()
-    from pretrain.config.compose import from_yaml
     cfg = from_yaml(str(args.config))
     found = environment(cfg)
     logs = args.config.parent / "logs"

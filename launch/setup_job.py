@@ -17,6 +17,7 @@ from common.cli import command, env_flag, overrides_from_env
 from common.config import ConfigError
 from common.paths import REPO_ROOT
 from launch.slurm import bad_nodes, sbatch, template
+from pretrain.config.compose import load_recipe, to_yaml
 
 VENV = REPO_ROOT / ".venv"
 
@@ -42,7 +43,6 @@ def render(job, out_dir: Path) -> str:
 
 @command
 def main() -> int:
-    from pretrain.config.compose import load_recipe, to_yaml
     recipe = os.environ.get("RECIPE") or ""
     if not recipe:
         raise ConfigError(["make setup-job needs RECIPE=<a GPU recipe>: its cluster profile says where to build"])

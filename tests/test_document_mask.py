@@ -200,8 +200,7 @@ def test_document_masked_layouts_equal_one_process(docmask_reference, docmask_ru
 def test_torch_attention_gives_the_unfused_losses_with_documents(docmask_reference):
     ours, unfused = ([r["loss"] for r in docmask_reference[name]] for name in ("tp1", "unfused"))
     assert len(ours) == len(unfused) == N
-    for step, (a, b) in enumerate(zip(ours, unfused, strict=True), start=1):
-        assert abs(a - b) < 1e-5, (step, a, b)
+    assert ours == unfused          # on CPU torch's module computes in megatron-core's order: bit for bit
 
 
 @pytest.mark.slow
