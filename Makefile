@@ -131,6 +131,9 @@ quality-classifier: $(STAMP)  ## fastText quality classifier [OVERRIDES='positiv
 bench-train: $(STAMP)  ## our loop vs a bare loop, tokens/s side by side -> docs/bench-train.md
 	OMP_NUM_THREADS=2 $(PY) -m torch.distributed.run --standalone --nproc_per_node=1 -m pretrain.bench_train
 
+setup-job: $(STAMP)  ## RECIPE=<GPU recipe> [DRY_RUN=1]: build the venv's gpu extra on a GPU node of the recipe's cluster profile (sbatch)
+	$(PY) -m launch.setup_job
+
 doctor: $(STAMP)  ## what this machine has (torch, CUDA, GPUs, NCCL, TE, Apex kernels, DeepSpeed ops) and what RECIPE runs here
 	$(PY) -m launch.doctor
 
@@ -182,5 +185,6 @@ clean:  ## remove runs/, outputs/, multirun/ (keeps data/ and .venv): lists them
 	fi; \
 	rm -rf $$dirs && echo "removed $$dirs"
 
-.PHONY: help setup test test-fast lint config plan data preprocess dedup tokenize bench-preprocess bench-extract quality-classifier bench-train bench doctor gpu-check gpu-check-wheels pretrain ablate ladder \
+.PHONY: help setup setup-job test test-fast lint config plan data preprocess dedup tokenize bench-preprocess \
+	bench-extract quality-classifier bench-train bench doctor gpu-check gpu-check-wheels pretrain ablate ladder \
 	export import-hf eval-data eval compare ckpt-info report clean

@@ -23,7 +23,7 @@ from typing import List
 import jinja2
 
 from common.paths import REPO_ROOT
-from pretrain.stability.exit_codes import REQUEUE_EXIT
+from pretrain.stability.exit_codes import CONFIG_REFUSED, REQUEUE_EXIT
 
 TEMPLATE = Path(__file__).parent / "templates" / "sbatch.j2"
 # srun --wait: once one task of a step has exited 0, the others get this long before SLURM ends the step (one
@@ -96,6 +96,7 @@ def render(job, run_dir: Path) -> str:
         min_free_gb=c.health_min_free_gb if c.health_min_free_gb is not None else checkpoint_gb(job),
         exclude=sorted(set(c.exclude) | set(bad_nodes(bad_file))), bad_nodes_file=str(bad_file),
         log_pattern=str((run_dir / "logs" / "slurm-%j.out").resolve()), requeue_exit=REQUEUE_EXIT,
+        refused_exit=CONFIG_REFUSED,
         step_wait_s=STEP_WAIT_S,
         checkpoint_dir=str(Path(job.checkpoint.dir or run_dir / "checkpoints").resolve()))
     return text

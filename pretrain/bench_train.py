@@ -4,7 +4,8 @@ Ours: Trainer-equivalent steps through the MegatronEngine (DDP wrapper, Megatron
 wrapper, grad clipping, LR setting, loss all-reduce, metrics). Bare: the same GPTModel and
 the same micro-batches with `loss.backward(); AdamW.step()` and nothing else. Bare, unfused: the
 bare loop on the same weights with megatron-core's unfused attention (model.attention_backend=unfused)
-instead of the default torch SDPA kernel (pretrain/model/attention.py). They alternate in rounds (best
+instead of the default torch module (pretrain/model/attention.py; on CPU it computes in megatron-core's order,
+so the two differ by the module's overhead only: the kernels compare on a GPU). They alternate in rounds (best
 round of each counts) so machine drift hits all alike. The overhead ratio (goal <= 3%) and the
 attention kernels' tokens/s ratio go to docs/bench-train.md.
 """

@@ -144,11 +144,14 @@ def test_plan_counts_the_mask_and_the_scores_it_materialises():
     base = ONE_RANK + ["model.attention_backend=local"]
     off, on = (memory_per_gpu(load_recipe("gpt-tiny", base + [f"data.document_mask={v}"])) for v in ("false", "true"))
     assert (on["activations"] - off["activations"]) * GIB == pytest.approx(16 * 16 * 1)      # s x s x mbs bools
-    # the default (torch's SDPA with the mask, pretrain/model/attention.py) keeps the mask but no scores
-    auto_off, auto = (memory_per_gpu(load_recipe("gpt-tiny", ONE_RANK + [f"data.document_mask={v}"]))
+    # the default on a GPU (torch's module: FlexAttention on the packed documents) keeps neither mask nor scores
+    gpu = ONE_RANK + ["cluster.gpu_type=H100-SXM"]
+    auto_off, auto = (memory_per_gpu(load_recipe("gpt-tiny", gpu + [f"data.document_mask={v}"]))
                       for v in ("false", "true"))
-    assert (auto["activations"] - auto_off["activations"]) * GIB == pytest.approx(16 * 16 * 1)
-    assert auto["activations"] < on["activations"]
+    assert auto["activations"] == auto_off["activations"] < on["activations"]
+    # on CPU torch's module computes in megatron-core's order (pretrain/model/attention.py): the unfused one's
+    assert memory_per_gpu(load_recipe("gpt-tiny", ONE_RANK + ["data.document_mask=true"]))["activations"] == \
+        on["activations"]
 
 
 # ---- training: TP=2 and PP=2 equal one process; the default layout through pretrain.train ----------
@@ -197,8 +200,7 @@ def test_document_masked_layouts_equal_one_process(docmask_reference, docmask_ru
 def test_torch_attention_gives_the_unfused_losses_with_documents(docmask_reference):
     ours, unfused = ([r["loss"] for r in docmask_reference[name]] for name in ("tp1", "unfused"))
     assert len(ours) == len(unfused) == N
-    for step, (a, b) in enumerate(zip(ours, unfused, strict=True), start=1):
-        assert abs(a - b) < 1e-5, (step, a, b)
+    assert ours == unfused          # on CPU torch's module computes in megatron-core's order: bit for bit
 
 
 @pytest.mark.slow

@@ -47,7 +47,11 @@ def test_gpu_decisions_without_kernels_build_and_train_a_125m_shaped_model(monke
     model_parallel_cuda_manual_seed(1234)
     monkeypatch.setattr(fusions, "kernels_present", lambda te_spec=False: dict(NONE))
     for name in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):   # left by CPU configs (backend local)
-        monkeypatch.delenv(name, raising=False)
+        # set, then deleted: monkeypatch records the value before (or its absence) and restores it at teardown,
+        # also over what the model build below writes (megatron-core sets them process-wide); a bare delenv of
+        # an absent variable records nothing, and the build's values leaked into later tests
+        monkeypatch.setenv(name, "unset by this test")
+        monkeypatch.delenv(name)
     cfg = load_recipe("gpt-125m", ["model.seq_length=256", "model.vocab_size=4096"])
     config = gpt.transformer_config(cfg, on_gpu=True)
     assert not any(getattr(config, f.flag) for f in fusions.FUSIONS)

@@ -51,8 +51,7 @@ def test_each_recipe_learns_and_tp2_gives_the_one_process_losses(objective_refer
 def test_windowed_layers_on_torch_attention_give_the_unfused_losses(objective_reference):
     ours, unfused = losses(objective_reference["swa"]), losses(objective_reference["swa-unfused"])
     assert len(ours) == len(unfused) == STEPS
-    for step, (a, b) in enumerate(zip(ours, unfused, strict=True), start=1):
-        assert abs(a - b) < 1e-5, (step, a, b)
+    assert ours == unfused          # on CPU torch's module computes in megatron-core's order: bit for bit
 
 
 @pytest.mark.slow

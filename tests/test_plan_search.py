@@ -16,9 +16,10 @@ from pretrain.plan.search import search
 from tests.conftest import REPO
 
 
-def _composes(recipe, result, gpus):
-    """The printed OVERRIDES compose and validate with load_recipe, giving the searched layout and memory."""
-    cfg = load_recipe(recipe, result.overrides)
+def _composes(recipe, result, gpus, base=()):
+    """The printed OVERRIDES (after the searched config's own `base` ones) compose and validate with load_recipe,
+    giving the searched layout and memory."""
+    cfg = load_recipe(recipe, [*base, *result.overrides])
     lay, p = result.layout, cfg.parallel
     assert cfg.derived.world_size == gpus
     assert (p.engine, p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
@@ -155,11 +156,11 @@ def test_published_layouts_against_the_search():
 def test_moe_search_composes_fits_and_uses_ep():
     """MoE recipes are searched with EP (and expert TP): every printed layout composes and fits; mixtral-8x7b's
     experts do not fit one GPU whole at TP = PP = 1, so there only EP = 8 fits."""
-    tiny = search(load_recipe("moe-tiny", ["cluster.gpu_type=H100-SXM"]), 4, top=3,
-                  allow={"mbs": [8], "recompute": [None], "dist_opt": [True]})
+    gpu = ["cluster.gpu_type=H100-SXM"]       # on CPU attention keeps its scores (pretrain/model/attention.py)
+    tiny = search(load_recipe("moe-tiny", gpu), 4, top=3, allow={"mbs": [8], "recompute": [None], "dist_opt": [True]})
     assert tiny["counts"]["fit"] >= 3 and {r.layout.engine for r in tiny["results"]} == {"megatron"}
     for r in tiny["results"]:
-        _composes("moe-tiny", r, 4)
+        _composes("moe-tiny", r, 4, gpu)
     allow = {"tp": [1], "pp": [1], "cp": [1], "mbs": [1], "recompute": ["full"], "dist_opt": [True]}
     found = search(load_recipe("mixtral-8x7b"), 64, top=3, keep_all=True, allow=allow)
     eps = {r.layout.ep for r in found["results"]}

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from pretrain.model.attention_record import CPU_KERNEL
 from tests.training import LAYOUTS, STEPS
 
 ROWS = ("engine", "layout", "parameters", "precision", "fusions", "attention", "batch", "length", "data", "run dir")
@@ -39,13 +40,13 @@ def test_megatron_layout_runs_describe_their_layout(layout_runs):
                                                               "warmup 5 steps")       # 12 x 16 x 128 tokens
     assert by_dir["tp2"]["length"].endswith("optimizer adamw (AdamW)")        # the kernel under the wrappers
     assert by_dir["tp2"]["fusions"] == "none (CPU)"
-    assert by_dir["tp2"]["attention"] == ("torch causal: SDPA flash [TorchDotProductAttention (pretrain/model/"
+    assert by_dir["tp2"]["attention"] == (f"{CPU_KERNEL} [TorchDotProductAttention (pretrain/model/"
                                           "attention.py), local spec, model.attention_backend=auto]")
     # what runs is also recorded: in the first train record of each process and in every checkpoint's meta.json
     first = json.loads((layout_runs.root / "tp2" / "metrics.jsonl").read_text().splitlines()[0])
     meta = json.loads(next((layout_runs.root / "tp2" / "checkpoints").glob("step_*/meta.json")).read_text())
     assert first["attention"] == meta["engine_state"]["attention"] == {
-        "attention_backend": "auto", "layer_spec": "local", "kernel": "torch causal: SDPA flash",
+        "attention_backend": "auto", "layer_spec": "local", "kernel": CPU_KERNEL,
         "core_attention": "TorchDotProductAttention (pretrain/model/attention.py)"}
 
 

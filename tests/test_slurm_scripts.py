@@ -73,8 +73,9 @@ def test_the_cluster_profile_reaches_every_job_and_step(tmp_path):
     container = ("'--container-image=nvcr.io#nvidia/pytorch:25.09-py3' "
                  f"--container-mounts={REPO}:{REPO},/lustre:/lustre --container-workdir={REPO} --mpi=pmix")
     steps = [line for line in train.splitlines() if line.startswith("srun ")]
-    assert len(steps) == 3 and all(line.startswith(f"srun {container} ") for line in steps)   # health x2, train
-    assert "--ntasks-per-node=8 --cpus-per-task=16 python -m pretrain.train" in steps[2]
+    # the environment check, health x2, train
+    assert len(steps) == 4 and all(line.startswith(f"srun {container} ") for line in steps)
+    assert "--ntasks-per-node=8 --cpus-per-task=16 python -m pretrain.train" in steps[3]
     assert directives(train)["cpus-per-task"] == "16" and "export OMP_NUM_THREADS=16" in train
     assert "module load cuda\n" in train and "export SITE_VAR=1" in train and "export NCCL_DEBUG=INFO" in train
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in train and "export IN_JOB_ENVIRONMENT=1" in train

@@ -1,8 +1,10 @@
-"""pretrain/model/attention.py: TorchDotProductAttention (torch's SDPA / FlexAttention) against megatron-core's unfused
-DotProductAttention, built from the same TransformerConfig in one process at TP=1 (TP=2 runs it through the model
-tests: the local spec builds it by default, tests/test_window_attention.py compares TP=2 with TP=1).
+"""pretrain/model/attention.py: TorchDotProductAttention (torch's SDPA / FlexAttention on CUDA, megatron-core's order
+of operations on CPU) against megatron-core's unfused DotProductAttention, built from the same TransformerConfig, in
+one process at TP=1 and on 2 spawned ranks at TP=2 (tests/rank_pool.py). CP=2 is not allowed on the local spec.
 
-Forward output and the gradients of query, key and value agree within 1e-5 in fp32 for causal attention, GQA, a
+Both paths are checked on CPU: the CPU one equals the unfused attention bit for bit, and SDPA's (the CUDA path where
+FlexAttention does not take the mask; `cpu_in_unfused_order = False` runs it here) within 1e-5 in fp32.
+Forward output and the gradients of query, key and value agree for causal attention, GQA, a
 sliding-window layer and a global one of the same model, data.document_mask's explicit s x s mask and its packed
 (thd) form, BERT's padding mask (padding queries included) and T5's encoder, decoder and cross-attention masks.
 bf16 stays within 1e-2 of the fp32 reference, relative to its largest value (the precision tests' bf16
@@ -56,11 +58,15 @@ def run(module, tensors, mask, **kw):
 
 
 def assert_equal(ref, new, mask=None, *, tensors, tol=1e-5):
-    a, b = run(ref, tensors, mask), run(new, tensors, mask)
-    diffs = [(x - y).abs().max().item() for x, y in zip(a, b, strict=True)]
-    assert max(diffs) < tol, diffs          # output, d query, d key, d value
+    """Both of the module's paths: on CPU, megatron-core's order (equal bit for bit), and SDPA's (CUDA's, where
+    FlexAttention does not take the mask: within `tol`)."""
+    a = run(ref, tensors, mask)
     assert a[0].abs().max() > 0.1           # a real output, not a zero one on both sides
-    return diffs
+    for order in (True, False):
+        new.cpu_in_unfused_order = order
+        diffs = [(x - y).abs().max().item() for x, y in zip(a, run(new, tensors, mask), strict=True)]
+        assert max(diffs) < tol and (max(diffs) == 0.0 or not order), (order, diffs)  # output, d query, d key, d value
+    new.cpu_in_unfused_order = True
 
 
 def block_causal(lengths, b=BATCH):
@@ -166,15 +172,24 @@ def test_flex_mask_functions_equal_the_unfused_attention(tp1, monkeypatch):
 
 def test_the_record_names_the_module_and_kernel_that_run(monkeypatch):
     from pretrain.config.compose import load_recipe
-    from pretrain.model.attention_record import attention_record
+    from pretrain.model import attention_record as records
+    from pretrain.model.attention_record import CPU_KERNEL, attention_record
     record = attention_record(load_recipe("gpt-tiny"))
     assert record == {"attention_backend": "auto", "layer_spec": "local",
-                      "core_attention": "TorchDotProductAttention (pretrain/model/attention.py)",
-                      "kernel": "torch causal: SDPA flash"}            # torch's CPU flash kernel
-    assert attention_record(load_recipe("llama-tiny-swa"))["kernel"].endswith(
-        "windowed layers: SDPA flash with the window mask")
-    assert attention_record(load_recipe("gpt-tiny", ["model.attention_dropout=0.1"]))["kernel"] == \
-        "torch causal: SDPA math"                                     # no CPU flash kernel with dropout: said so
+                      "core_attention": "TorchDotProductAttention (pretrain/model/attention.py)", "kernel": CPU_KERNEL}
+    assert CPU_KERNEL.startswith("torch on CPU: megatron-core's unfused order")
+    assert attention_record(load_recipe("llama-8b"))["kernel"] == \
+        "torch SDPA; its kernel is picked on the GPU node (run make doctor there)"      # no CUDA here
+    # on a GPU node (mocked: CUDA available, SDPA's choice given): each kind of layer and its kernel
+    monkeypatch.setattr(records.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(records, "_probe", lambda cfg, device, causal, mask: f"flash({device},{causal},{mask})")
+    assert attention_record(load_recipe("llama-8b"))["kernel"] == "torch causal: SDPA flash(cuda,True,False)"
+    swa = ["model.window_size=4096", "model.global_every=4"]
+    assert attention_record(load_recipe("llama-8b", swa))["kernel"].endswith(
+        "windowed layers: FlexAttention (block-sparse)")
+    assert attention_record(load_recipe("llama-8b", [*swa, "model.attention_dropout=0.1"]))["kernel"].endswith(
+        "windowed layers: SDPA flash(cuda,True,True) with the window mask")          # FlexAttention has no dropout
+    monkeypatch.undo()
     unfused = attention_record(load_recipe("gpt-tiny", ["model.attention_backend=unfused"]))
     assert unfused["core_attention"] == "megatron-core DotProductAttention" and unfused["kernel"].startswith("unfused")
     big = attention_record(load_recipe("llama-8b"))           # a GPU recipe composed here (no TE, no CUDA)
@@ -218,3 +233,51 @@ def test_the_plan_models_and_names_the_path_that_runs():
     # the unfused path keeps the s x s scores and times the full square: more memory, a longer step
     assert unfused["memory_per_gpu_gib"]["activations"] > fused["memory_per_gpu_gib"]["activations"]
     assert unfused["mfu"] < fused["mfu"] and unfused["time_to_budget_hours"] > fused["time_to_budget_hours"]
+
+
+def _tp2_cases(rank: int, port: int, out: dict) -> None:
+    """On each of 2 ranks at TP=2: this rank's heads (query heads and their key/value groups) through megatron-core's
+    unfused attention and torch's, both of them built from one TransformerConfig, as the local spec splits them."""
+    from tests import megatron_harness as mh
+    mh.init_ranks(rank, 2, port, tp=2)
+    lengths, real = [5, 11, 1, 15], torch.ones(BATCH, SEQ, dtype=torch.bool)
+    real[0, 20:] = False
+    padding = ~(real[:, None, :, None] & real[:, None, None, :])
+    window = dict(window_size=(5, 0), window_attn_skip_freq=[1, 0])
+    cases = {"causal": (config(), 1, "causal", None), "gqa": (config(2), 1, "causal", None),
+             "windowed": (config(2, **window), 1, "causal", None), "global": (config(2, **window), 2, "causal", None),
+             "documents": (config(2), 1, "causal", block_causal(lengths)), "bert": (config(), 1, "padding", padding),
+             "dropout": (config(2, attention_dropout=0.3, **window), 1, "causal", None)}
+    for name, (cfg, layer, mask_type, mask) in cases.items():
+        ref, new = pair(cfg, mask_type, layer)
+        heads, groups = new.num_attention_heads_per_partition, new.num_query_groups_per_partition
+        assert (heads, groups) == (HEADS // 2, cfg.num_query_groups // 2)          # a real TP split
+        q, k, v = inputs(cfg.num_query_groups)
+        mine = [q[:, :, rank * heads:(rank + 1) * heads], k[:, :, rank * groups:(rank + 1) * groups],
+                v[:, :, rank * groups:(rank + 1) * groups]]
+        for order, label in ((True, name), (False, f"{name}/sdpa")):    # sdpa: the masks' CUDA path (no Flex)
+            if name == "dropout" and not order:
+                continue                       # SDPA draws its own dropout mask: not megatron-core's
+            new.cpu_in_unfused_order = order
+            torch.manual_seed(0)
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+            model_parallel_cuda_manual_seed(1234)
+            want = run(ref, mine, mask)
+            model_parallel_cuda_manual_seed(1234)
+            got = run(new, mine, mask)
+            out[(rank, label)] = ([(x - y).abs().max().item() for x, y in zip(want, got, strict=True)],
+                                  want[0].abs().max().item())
+
+
+@pytest.mark.slow           # 2 spawned rank processes (tests/rank_pool.py) importing megatron-core
+@pytest.mark.beside_training
+def test_tensor_parallel_pairs_equal_the_unfused_attention():
+    """TP=2 (CP=2 is not allowed on the local spec: megatron-core's DotProductAttention.__init__ asserts
+    context_parallel_size == 1, megatron/core/transformer/dot_product_attention.py:57-59 in 0.16.1)."""
+    from tests import megatron_harness as mh
+    out = mh.spawn(_tp2_cases)
+    assert len(out) == 2 * 13, sorted(out)
+    for (rank, label), (diffs, size) in out.items():
+        assert max(diffs) < 1e-5 and size > 0.1, (rank, label, diffs, size)    # output, d query, d key, d value
+        if not label.endswith("/sdpa"):                      # megatron-core's order (CPU): equal bit for bit
+            assert max(diffs) == 0.0, (rank, label, diffs)

@@ -24,12 +24,12 @@ def test_layout_matches_single_process_losses(reference, layout_runs, layout):
 
 @pytest.mark.slow
 def test_torch_attention_gives_the_unfused_losses(reference_run):
-    """The default core attention (torch's SDPA, pretrain/model/attention.py) against megatron-core's unfused one."""
+    """The default core attention (torch's, pretrain/model/attention.py) against megatron-core's unfused one: on
+    CPU it computes in megatron-core's order, so the losses are equal bit for bit (SDPA's CPU kernel rounded
+    differently, and llama-tiny-swa's training grew that past 1e-5 within 20 steps: docs/attention.md)."""
     ours, unfused = ([r["loss"] for r in reference_run[name]] for name in ("tp1dp1", "unfused"))
     assert len(ours) == len(unfused) == STEPS and ours[-1] < ours[0] - 0.5
-    for step, (a, b) in enumerate(zip(ours, unfused, strict=True), start=1):
-        assert abs(a - b) < 1e-5, (step, a, b)
-    assert ours != unfused                  # two kernels: not bitwise equal (they round differently)
+    assert ours == unfused
 
 
 @shared_runs(nproc=1)

@@ -94,17 +94,20 @@ def attention_problems(cfg, add) -> None:
 
 def materialises_scores(cfg) -> bool:
     """Whether core attention keeps b x heads x s x s scores: megatron-core's (or TE's) unfused attention, asked
-    for by name, or MLA on the local spec (its own DotProductAttention, model/mla_attention.py). Every other
-    path runs a fused kernel (TE's, torch's SDPA / FlexAttention: model/attention.py)."""
+    for by name, MLA on the local spec (its own DotProductAttention, model/mla_attention.py), or any run on CPU
+    (torch's module computes in megatron-core's order there: model/attention.py). Every other path runs a fused
+    kernel (TE's, torch's SDPA / FlexAttention)."""
     m = cfg.model
-    return m.attention_backend in UNFUSED or (m.mla.enabled and m.transformer_impl == "local")
+    return m.attention_backend in UNFUSED or (m.mla.enabled and m.transformer_impl == "local") or \
+        cfg.cluster.gpu_type == "cpu"
 
 
 def assumed_attention(cfg) -> str:
     """What the planner times and sizes (plan/memory.py, plan/perf.py), in the words `make plan` prints."""
     if materialises_scores(cfg):
-        return (f"unfused (model.attention_backend={cfg.model.attention_backend}): b x heads x s x s scores kept, "
-                "full-square matmuls")
+        why = ("CPU: torch's module in megatron-core's order" if cfg.cluster.gpu_type == "cpu" and
+               cfg.model.attention_backend not in UNFUSED else f"model.attention_backend={cfg.model.attention_backend}")
+        return f"unfused ({why}): b x heads x s x s scores kept, full-square matmuls"
     return ("fused flash-style kernel (TE's on its spec, else torch's SDPA/FlexAttention): no s x s scores, causal "
             "half of the matmuls")
 

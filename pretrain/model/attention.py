@@ -4,16 +4,20 @@ megatron-core's local `DotProductAttention` materialises b x heads x s x s score
 memory and HBM traffic quadratic in the sequence. `TorchDotProductAttention` takes the same arguments and
 returns the same [s, b, heads x head dim] context, computed by
 
-* `scaled_dot_product_attention` (SDPA) where SDPA can express the mask: causal (`is_causal`, no mask
-  tensor) and any explicit mask (BERT/T5 padding, data.document_mask's s x s mask on CPU) as a boolean
-  `attn_mask`. torch picks FlashAttention-2, cuDNN or memory-efficient kernels on CUDA and its flash kernel
-  on CPU (`sdpa_kernel` below names which);
+* on CUDA, `scaled_dot_product_attention` (SDPA) where SDPA can express the mask: causal (`is_causal`, no mask
+  tensor) and any explicit mask (BERT/T5 padding) as a boolean `attn_mask`. torch picks FlashAttention-2, cuDNN
+  or memory-efficient kernels (attention_record.py's `sdpa_kernel` names which);
 * FlexAttention (block-sparse, compiled) on CUDA for the masks SDPA could only take as a dense s x s tensor:
   sliding windows and packed documents (thd, `PackedSeqParams.cu_seqlens`). FlexAttention has no dropout,
-  so with model.attention_dropout > 0 those masks go to SDPA with an explicit mask ("masked SDPA"), and on
-  CPU (no compile here) they always do;
-* nothing else: there is no silent fallback to the unfused path; megatron-core's is model.attention_backend=
-  unfused, asked for by name.
+  so with model.attention_dropout > 0 those masks go to SDPA with an explicit mask ("masked SDPA");
+* on CPU, megatron-core's own order of operations (`_in_unfused_order`: baddbmm with the scale, -10000 fill,
+  softmax, bmm), every layer. SDPA's CPU flash kernel differs from it by rounding only (1e-7 in a forward), but
+  training amplifies that: llama-tiny-swa at lr 3e-3 moved 3.2e-5 to 4.4e-5 off the unfused losses by step 17-19
+  (so does TP=2 against one process, tests/test_objectives_training.py), past issue #44's 1e-5 over 20 steps,
+  and CPU runs are where this repository's losses are compared. The s x s scores a tiny CPU model keeps cost
+  nothing that matters; the planner counts them (config/attention.py materialises_scores);
+* nothing else: there is no silent fallback to the unfused path on GPUs; megatron-core's is
+  model.attention_backend=unfused, asked for by name.
 
 Equal to megatron-core's unfused attention (tests/test_torch_attention.py, forward and backward within 1e-5 in
 fp32) including its one quirk: a query whose every key is masked (a padding query of BERT/T5) gets the mean
@@ -62,6 +66,8 @@ class TorchDotProductAttention(DotProductAttention):
     """megatron-core's DotProductAttention (its constructor: head split over TP, softmax scale, dropout,
     window per layer) with the forward on torch's fused kernels (module docstring)."""
 
+    cpu_in_unfused_order = True     # False: CPU takes the CUDA path's SDPA too (the tests check both paths here)
+
     def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
                  softmax_scale=None, cp_comm_type=None, pg_collection=None, **kwargs):
         super().__init__(config, layer_number, attn_mask_type, attention_type, attention_dropout, softmax_scale,
@@ -79,6 +85,9 @@ class TorchDotProductAttention(DotProductAttention):
         if attention_bias is not None:
             raise ValueError("attention_bias is not supported by megatron-core's local attention either")
         thd = packed_seq_params is not None
+        if query.device.type == "cpu" and self.cpu_in_unfused_order and not thd:
+            masked = self._scores_mask(query.size(0), key.size(0), attention_mask, query.device)
+            return self._in_unfused_order(query, key, value, masked)
         if thd:                                    # [t, heads, dim]: one packed row
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))       # [b, heads, s, dim]
@@ -92,6 +101,45 @@ class TorchDotProductAttention(DotProductAttention):
         if thd:
             return context.reshape(context.size(0), -1)
         return context.reshape(context.size(0), context.size(1), self.hidden_size_per_partition)
+
+    def _scores_mask(self, sq: int, sk: int, attention_mask, device) -> Optional[torch.Tensor]:
+        """The mask (True = masked) megatron-core's softmax applies (fused_softmax.py forward_torch_softmax): the
+        window's in a windowed layer (any given mask replaced), else the given one, else causal where sq > 1."""
+        if self.window is not None:
+            return ~window_keep(sq, sk, self.window, str(device))
+        if attention_mask is not None:
+            return attention_mask.bool()
+        if self.attn_mask_type == AttnMaskType.causal and sq > 1:
+            return ~window_keep(sq, sk, sk, str(device))          # a window as long as the keys: causal
+        return None
+
+    def _in_unfused_order(self, query, key, value, masked):
+        """[s, b, heads x dim] in megatron-core's unfused order of operations, op for op (dot_product_attention.py:
+        baddbmm with the softmax scale as alpha, masked_fill(-10000), softmax, dropout, bmm), so CPU runs give
+        megatron-core's losses bit for bit (the module docstring says why)."""
+        if self.groups > 1:
+            key = key.repeat_interleave(self.groups, dim=2)
+            value = value.repeat_interleave(self.groups, dim=2)
+        b, heads, sq, sk = query.size(1), query.size(2), query.size(0), key.size(0)
+        query = query.reshape(sq, b * heads, -1)
+        key = key.view(sk, b * heads, -1)
+        scores = torch.baddbmm(torch.empty(b * heads, sq, sk, dtype=query.dtype, device=query.device),
+                               query.transpose(0, 1), key.transpose(0, 1).transpose(1, 2), beta=0.0,
+                               alpha=self.softmax_scale).view(b, heads, sq, sk)
+        if scores.dtype != torch.float32 and self.config.attention_softmax_in_fp32:
+            scores = scores.float()
+        if masked is not None:
+            scores = scores.masked_fill_(masked, -10000.0)
+        probs = torch.softmax(scores, dim=-1).to(query.dtype)
+        if self.training and self.attention_dropout.p > 0:
+            if self.config.sequence_parallel:
+                probs = self.attention_dropout(probs)
+            else:
+                with tensor_parallel.get_cuda_rng_tracker().fork():
+                    probs = self.attention_dropout(probs)
+        context = torch.bmm(probs.view(b * heads, sq, sk), value.view(sk, b * heads, -1).transpose(0, 1))
+        context = context.view(b, heads, sq, -1).permute(2, 0, 1, 3).contiguous()
+        return context.view(sq, b, self.hidden_size_per_partition)
 
     def _attend(self, q, k, v, attention_mask, dropout, packed_seq_params):
         sq, sk = q.size(2), k.size(2)

@@ -9,8 +9,9 @@ No megatron-core import (make doctor reads it on a bare node). The decision:
   unfused one on TE's spec); 'te' / 'flash' / 'fused' / 'auto' -> TEDotProductAttention on TE's spec;
   'torch', and every non-unfused backend on the local spec -> TorchDotProductAttention (model/attention.py).
   MLA layers keep their own unfused attention on the local spec (model/mla_attention.py);
-* kernel: for torch's, what torch's SDPA dispatcher picks for the run's per-rank head shape and dtype on this
-  machine (flash / cuDNN / efficient / math), FlexAttention for windows and packed documents on CUDA. TE picks
+* kernel: for torch's on a GPU, what torch's SDPA dispatcher picks for the run's per-rank head shape and dtype on
+  this machine (flash / cuDNN / efficient / math), FlexAttention for windows and packed documents; on CPU, the
+  module's own computation in megatron-core's order (model/attention.py says why). TE picks
   among its own kernels at run time (NVTE_* settings, its version and the shape): named as TE's.
 """
 from __future__ import annotations
@@ -79,14 +80,19 @@ def _probe(cfg, device: str, causal: bool, mask: bool) -> str:
     return sdpa_kernel(q, k, mask=mask, causal=causal, dropout=m.attention_dropout)
 
 
+CPU_KERNEL = ("torch on CPU: megatron-core's unfused order, op for op (b x heads x s x s scores; CPU runs give its "
+              "losses bit for bit); SDPA and FlexAttention run on CUDA")
+
+
 def torch_kernels(cfg) -> str:
     """One line: the kernel of each kind of layer TorchDotProductAttention runs for this recipe here."""
     m = cfg.model
-    gpu = cfg.cluster.gpu_type != "cpu"
-    if gpu and not torch.cuda.is_available():
+    if cfg.cluster.gpu_type == "cpu":
+        return CPU_KERNEL
+    if not torch.cuda.is_available():
         return "torch SDPA; its kernel is picked on the GPU node (run make doctor there)"
-    device = "cuda" if gpu else "cpu"
-    flex = gpu and m.attention_dropout == 0
+    device = "cuda"
+    flex = m.attention_dropout == 0
     causal = cfg.objective.name in ("causal_lm",)
     parts = []
     if cfg.data.document_mask:
