@@ -1,7 +1,6 @@
 """Planner figures: exact parameter counts against the built model, hand-computed memory."""
 import json
 import subprocess
-import time
 
 import pytest
 
@@ -81,11 +80,10 @@ def test_flops_per_token_is_6n_plus_attention():
     assert plan["flops_per_step"] == plan["flops_per_token"] * 256 * 2048
 
 
-def test_make_plan_json_for_gpt_7b_is_fast_and_documented():
-    start = time.time()
+def test_make_plan_json_for_gpt_7b_is_documented():
+    # no timer here (tests hold no timed assertions): the planner's speed is tests/test_plan_search.py's count
     out = subprocess.run(["make", "-s", "plan", "RECIPE=gpt-7b", "JSON=1"], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
-    assert time.time() - start < 10
     plan = json.loads(out)
     for key in ("params", "flops_per_token", "tokens_per_step", "memory_per_gpu_gib", "time_to_budget_hours"):
         assert key in plan
