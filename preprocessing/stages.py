@@ -49,6 +49,7 @@ from .filters import QualityFilter
 from .losses import check_normalized, check_pass
 from .markers import Marker, fingerprint, print_summary
 from .normalize import ExactDedup, normalize_text
+from .provenance import quarantined, read_quarantine, stamp
 from .parts import (
     SPLITS,
     DocumentPass,
@@ -123,28 +124,37 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     out = work / "normalized.jsonl"
     inp = cfg.input
     removed_out = work / "normalize_removed.jsonl"
-    marker = Marker(work, "normalize", fingerprint([_settings(inp), _settings(cfg.normalize)], inp.paths))
+    # "provenance": records carry their place (preprocessing/provenance.py); the quarantine file is an input
+    marker = Marker(work, "normalize", fingerprint([_settings(inp), _settings(cfg.normalize), "provenance"],
+                                                   [*inp.paths, *([inp.quarantine] if inp.quarantine else [])]))
     done = marker.done()
     if done is not None:
         print_summary("normalize + exact dedup (finished earlier)", {k: v for k, v in done.items() if k != "bad"},
                       done["bad"]["bad"])
         return out
-    bad, exact, removed = BadInput(), ExactDedup(), []
+    bad, exact, removed, held = BadInput(), ExactDedup(), [], read_quarantine(inp.quarantine)
 
     def records():
         for doc in tqdm(read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field,
                                        bad=bad), desc="normalize", unit="doc", file=sys.stderr):
+            if quarantined(held, doc.id, doc.where):
+                removed.append({"id": doc.id, "where": doc.where, "method": "quarantine"})
+                continue
             text = normalize_text(doc.text, cfg.normalize.form) if cfg.normalize.enabled else doc.text
             first = exact.duplicate_of(doc.id, text) if cfg.normalize.exact_dedup else None
             if first is not None:
                 removed.append({"id": doc.id, "duplicate_of": first, "method": "exact"})
                 continue
-            yield {**doc.record, inp.text_field: text, inp.id_field: doc.id}
+            record = {**doc.record, inp.text_field: text, inp.id_field: doc.id}
+            stamp(record, doc.where, text != doc.text)
+            yield record
 
     kept = write_jsonl(out, records())
     write_jsonl(removed_out, removed)
     bad.check(inp.max_bad_fraction, f"inputs {inp.paths}")
-    summary = {"documents in": bad.good, "exact duplicates": len(removed), "kept": kept}
+    held_out = sum(r["method"] == "quarantine" for r in removed)
+    summary = {"documents in": bad.good, "exact duplicates": len(removed) - held_out, "kept": kept,
+               **({"quarantined": held_out} if inp.quarantine else {})}
     print_summary("normalize + exact dedup", summary, dict(bad.counts))
     check_normalized(bad.good, kept, inp.paths, dict(bad.counts))       # an empty input stops here
     marker.mark({**summary, "bad": bad.as_dict()}, outputs=[out, removed_out])
@@ -303,6 +313,14 @@ def tokenizer(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     return {"vocab_size": tok.vocab_size}
 
 
+def kept_by(cfg: PreprocessConfig) -> List[str]:
+    """The decisions every document that reaches the splits passed: the stages that ran before the split."""
+    out = ["normalize" + (" + exact dedup" if cfg.normalize.exact_dedup else "")]
+    out += ["minhash dedup"] if cfg.dedup.enabled else []
+    out += ["quarantine"] if cfg.input.quarantine else []
+    return out + [name for name in cfg.stages if name in PASSES and STAGES.get(name).enabled(cfg)]
+
+
 @register_stage("tokenize", shards=lambda cfg: cfg.tokenize.shards)
 def tokenize(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     files = _split_files(cfg)
@@ -311,7 +329,7 @@ def tokenize(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     for split in SPLITS:
         for k in range(n) if shard is None else [shard]:      # shard k reads only its k-th byte range
             tokenize_to_indexed(_jsonl_input(cfg, files[split]), tok, _split_part(cfg, split, k), cfg.tokenize,
-                                None if n == 1 else (k, n))
+                                None if n == 1 else (k, n), kept_by=[*kept_by(cfg), f"split:{split}"])
     return {}
 
 
@@ -320,7 +338,8 @@ def config_fingerprint(cfg: PreprocessConfig) -> str:
     size and mtime of its inputs: what a blend records of what wrote it."""
     settings = {k: v for k, v in _settings(cfg).items() if k != "slurm"}
     # fields at the default they had before they existed are left out: the blends written then stay current
-    for section, field, default in (("tokenizer", "algorithm", "bpe"), ("tokenize", "split_sentences", False)):
+    for section, field, default in (("tokenizer", "algorithm", "bpe"), ("tokenize", "split_sentences", False),
+                                    ("input", "quarantine", None)):
         if settings[section].get(field) == default:
             settings[section].pop(field)
     return fingerprint(settings, [p for p in cfg.input.paths if Path(p).exists()])

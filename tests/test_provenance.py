@@ -1,0 +1,111 @@
+"""Document provenance through tokenization (preprocessing/provenance.py): every document of every split's
+.bin/.idx maps back to its input file and line, its record id, and the stages that kept or edited it; a
+quarantine file takes named documents out of the next preprocessing run; the data identity covers the map."""
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from preprocessing import provenance
+from preprocessing.cli import load_config
+from preprocessing.indexed_io import read_index
+from preprocessing.pipeline import run_pipeline
+from preprocessing.tokenizer_io import load_tokenizer
+
+WORDS = ("the king rode out at dawn and the men of the north followed him across the river to the old "
+         "castle where the queen waited with her court and her counsel").split()
+
+
+def corpus(path: Path, n: int = 60) -> list:
+    """n English-like documents (one with an e-mail address the PII transform replaces), three planted junk
+    documents at known lines, one blank line (lines count it); returns the records by line number."""
+    rng = random.Random(0)
+    lines = []
+    for i in range(n):
+        text = " ".join(rng.choice(WORDS) for _ in range(80 + i))
+        if i == 7:
+            text += " write to someone@mailhost.org today"
+        lines.append({"id": f"doc{i}", "text": text})
+    junk = [{"id": "junk-repeat", "text": "zz " * 300},
+            {"id": "junk-lang", "text": "Der schnelle braune Fuchs springt über den faulen Hund " * 20},
+            {"id": "junk-bytes", "text": "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(400))}]
+    for at, rec in zip((10, 30, 50), junk, strict=True):
+        lines.insert(at, rec)
+    body = [json.dumps(r, ensure_ascii=False) for r in lines]
+    body.insert(3, "")
+    path.write_text("\n".join(body) + "\n", encoding="utf-8")
+    return {i + 1: json.loads(line) for i, line in enumerate(body) if line}
+
+
+def configure(src: Path, root: Path, *extra: str):
+    return load_config("demo", [f"input.paths=['{src}']", "fetch=[]", f"work_dir='{root}/work'",
+                                f"output_dir='{root}/out'", f"tokenizer.path='{root}/out/tokenizer'",
+                                "tokenizer.vocab_size=300", "split.valid_fraction=0.1", "split.test_fraction=0.1",
+                                "dedup.enabled=false", "filters.enabled=false", "decontaminate.enabled=false",
+                                "filters.shards=2", *extra])
+
+
+def split_documents(out: Path, split: str):
+    prefix = out / f"{split}_text_document"
+    _, lengths, _ = read_index(f"{prefix}.idx")
+    return prefix, provenance.read(prefix), lengths
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prov")
+    src = root / "corpus.jsonl"
+    records = corpus(src)
+    run_pipeline(configure(src, root))
+    return root, src, records
+
+
+def test_every_document_maps_to_its_line_and_the_stages_that_kept_it(built):
+    root, src, records = built
+    tok = load_tokenizer("hf", root / "out" / "tokenizer")
+    seen = 0
+    for split in ("train", "valid", "test"):
+        prefix, prov, lengths = split_documents(root / "out", split)
+        assert prov is not None and len(prov) == len(lengths) > 0
+        tokens = np.fromfile(f"{prefix}.bin", dtype=np.uint16)
+        ends = np.cumsum(lengths)
+        for i in range(len(prov)):
+            e = prov.entry(i)
+            rec = records[e["line"]]
+            assert e["source"] == str(src) and e["id"] == rec["id"]
+            assert e["kept_by"] == ["normalize + exact dedup", "filter", f"split:{split}"]
+            ids = tokens[ends[i] - lengths[i]:ends[i] - 1].tolist()
+            if rec["id"] == "doc7":          # the PII transform of the filter pass replaced the address
+                assert e["edited_by"] == ["filter"] and "someone@mailhost.org" not in tok.decode(ids)
+            else:
+                assert e["edited_by"] == [] and tok.decode(ids) == rec["text"]
+        seen += len(prov)
+    assert seen == len(records) == 63
+    size = Path(f"{root}/out/train_text_document.prov").stat().st_size
+    _, prov, _ = split_documents(root / "out", "train")
+    ids = sum(len(prov.record_id(i)) for i in range(len(prov)))
+    header = int.from_bytes(Path(f"{root}/out/train_text_document.prov").read_bytes()[8:12], "little")
+    assert size == len(provenance.MAGIC) + 4 + header + len(prov) * provenance.BYTES_PER_DOCUMENT + ids
+
+
+def test_quarantine_by_id_and_by_line_leaves_the_documents_out(built, tmp_path, capsys):
+    root, src, records = built
+    line_of = {r["id"]: n for n, r in records.items()}
+    held = tmp_path / "quarantine.txt"
+    held.write_text(f"# planted junk\njunk-repeat\n{src}:{line_of['junk-lang']}\njunk-bytes  # by id\n")
+    run_pipeline(configure(src, root, f"input.quarantine='{held}'"))
+    assert "quarantined" in capsys.readouterr().err
+    ids = [prov.record_id(i) for split in ("train", "valid", "test")
+           for prov in [split_documents(root / "out", split)[1]] for i in range(len(prov))]
+    assert len(ids) == 60 and not {"junk-repeat", "junk-lang", "junk-bytes"} & set(ids)
+    removed = [json.loads(x) for x in (root / "work" / "normalize_removed.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in removed if r["method"] == "quarantine") == ["junk-bytes", "junk-lang",
+                                                                              "junk-repeat"]
+    assert provenance.read(root / "out" / "train_text_document").header["kept_by"][1] == "quarantine"
+
+
+def test_a_missing_quarantine_file_names_the_field(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"input.quarantine / data.quarantine"):
+        provenance.read_quarantine(tmp_path / "nope.txt")
