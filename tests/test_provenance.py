@@ -109,3 +109,47 @@ def test_quarantine_by_id_and_by_line_leaves_the_documents_out(built, tmp_path, 
 def test_a_missing_quarantine_file_names_the_field(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"input.quarantine / data.quarantine"):
         provenance.read_quarantine(tmp_path / "nope.txt")
+
+
+def test_a_steps_samples_map_to_their_documents_tokens_and_lines(built):
+    """attribution.segments reads megatron-core's indices as GPTDataset does: the documents' tokens, cut where the
+    segments say, are the sample's tokens; each names its input line. document_losses puts target t + 1 on the
+    document filling position t + 1."""
+    from pretrain.config.compose import load_recipe
+    from pretrain.data import attribution
+    from pretrain.data.datasets import StepBatches, build_datasets
+    root, src, records = built
+    out = root / "out"
+    job = load_recipe("gpt-tiny", [f"data.blend={out / 'blend.json'}", f"data.tokenizer.path={out / 'tokenizer'}",
+                                   "model.seq_length=64", "schedule.train_iters=4", "batch.global_batch_size=8",
+                                   "batch.micro_batch_size=4", f"data.cache_dir={root / 'cache'}"])
+    train = build_datasets(job, 32, 8, 8)[0]
+    source = StepBatches(train, 8, 0, 1)
+    tokens = {}
+    positions = attribution.step_positions(8, 8)              # step 2
+    layout = [attribution.segments(train, source.index(p)) for p in positions]
+    for p, parts in zip(positions, layout, strict=True):
+        sample = train[source.index(p)]
+        whole = sample["tokens"].tolist() + sample["labels"].tolist()[-1:]
+        assert sum(s.length for s in parts) == len(whole) == 65 and parts[0].start == 0
+        for seg in parts:
+            if seg.prefix not in tokens:
+                tokens[seg.prefix] = (np.fromfile(f"{seg.prefix}.bin", dtype=np.uint16),
+                                      np.concatenate([[0], np.cumsum(read_index(f"{seg.prefix}.idx")[1])]))
+            flat, starts = tokens[seg.prefix]
+            doc = flat[starts[seg.document]:starts[seg.document + 1]].tolist()
+            piece = whole[seg.start:seg.start + seg.length]
+            assert any(doc[o:o + len(piece)] == piece for o in range(len(doc) - len(piece) + 1)), seg
+    rows = attribution.explain(layout, positions)
+    assert {r["id"] for r in rows} <= {r["id"] for r in records.values()}
+    assert all(records[r["line"]]["id"] == r["id"] and r["source"] == str(src) for r in rows)
+    assert sum(r["tokens"] for r in rows) == 8 * 65
+    # losses: 1.0 on every target, 5.0 on those of the first sample's second document
+    losses, mask = np.ones((8, 64)), np.ones((8, 64))
+    second = layout[0][1]
+    losses[0, second.start - 1:second.start + second.length - 1] = 5.0
+    per_doc = attribution.document_losses(layout, losses, mask)
+    assert sum(n for _, n in per_doc.values()) == 8 * 64
+    ranked = attribution.explain(layout, positions, per_doc)
+    assert (ranked[0]["prefix"], ranked[0]["document"]) == (second.prefix, second.document)
+    assert ranked[0]["loss"] > 1.0 and all(r["loss"] in (1.0, None) for r in ranked[1:])
