@@ -45,10 +45,10 @@ from tqdm import tqdm
 from common.digest import file_digest
 from common.files import write_atomic
 
+from . import provenance
 from .cli import cli_main, stage_args
 from .config import InputConfig, TokenizeConfig
 from .indexed_io import concatenate, optimal_dtype, publish_pair, write_index
-from . import provenance
 from .markers import Marker, fingerprint, print_summary
 from .records import BadInput, Piece, byte_shard, cut, plain_jsonl, read_documents, read_jsonl_range
 from .sentences import pipeline as sentence_pipeline

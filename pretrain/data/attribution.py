@@ -152,3 +152,17 @@ def on_spike(run_dir: Path, dataset, index_of, event: dict, consumed: int, globa
         "step": event["step"], "consumed_samples": consumed, "global_batch": global_batch, "event": event,
         "ranked_by": "batch order (make explain-step RUN=<run> STEP=<step> ranks by loss)",
         "documents": explain(layout, positions)})
+
+
+def table(path: Path, top: int = 10) -> str:
+    """The top documents of an explain file, one line each (make explain-step, make report)."""
+    rec = json.loads(Path(path).read_text())
+    lines = [f"step {rec['step']}: {rec['global_batch']} samples from position {rec['consumed_samples']}, "
+             f"{len(rec['documents'])} documents, {rec['ranked_by']}"
+             + (f"; batch loss {rec['batch_loss']:.4f}" if rec.get("batch_loss") is not None else "")]
+    for row in rec["documents"][:top]:
+        loss = f"loss {row['loss']:.3f}" if row.get("loss") is not None else "loss -"
+        where = f"{row['source']}:{row['line']}" if row.get("source") else row.get("why", "")
+        lines.append(f"  {row['rank']:>3}. {loss} {row['tokens']:>6} tok  id {row.get('id', '?')}  {where}"
+                     + (f"  (edited by {', '.join(row['edited_by'])})" if row.get("edited_by") else ""))
+    return "\n".join(lines)
