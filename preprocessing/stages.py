@@ -49,7 +49,6 @@ from .filters import QualityFilter
 from .losses import check_normalized, check_pass
 from .markers import Marker, fingerprint, print_summary
 from .normalize import ExactDedup, normalize_text
-from .provenance import quarantined, read_quarantine, stamp
 from .parts import (
     SPLITS,
     DocumentPass,
@@ -63,6 +62,7 @@ from .parts import (
     split_part,
     whole,
 )
+from .provenance import quarantined, read_quarantine, stamp
 from .records import BadInput, Piece, read_documents, write_jsonl
 from .tokenize_indexed import SENTENCE_KEYS, merge_indexed, tokenize_to_indexed
 from .tokenizer_io import FIM_SENTINELS, load_tokenizer, train_bpe, train_wordpiece
