@@ -153,3 +153,34 @@ def test_a_steps_samples_map_to_their_documents_tokens_and_lines(built):
     ranked = attribution.explain(layout, positions, per_doc)
     assert (ranked[0]["prefix"], ranked[0]["document"]) == (second.prefix, second.document)
     assert ranked[0]["loss"] > 1.0 and all(r["loss"] in (1.0, None) for r in ranked[1:])
+
+
+def test_planted_contaminated_items_are_exactly_the_excluded_ones(built):
+    """Eval items that copy 13 words of a training document (or a whole 8..12-word text of one) are excluded, and
+    only they; the clean score is the mean over the rest; the cached answer is reused; mock data excludes none."""
+    from pretrain.config.compose import load_recipe
+    from pretrain.observability.contamination import clean_scores, excluded_items
+    root, src, records = built
+    out = root / "out"
+    tok = load_tokenizer("hf", out / "tokenizer")
+    _, prov, _ = split_documents(out, "train")
+    train_words = records[prov.entry(5)["line"]]["text"].split()
+    heldout = [r["text"] for r in records.values() if r["id"] not in {prov.record_id(i) for i in range(len(prov))}]
+    docs = [{"input": "Which is right? " + " ".join(train_words[20:33]), "choices": ["yes", "no"], "gold": 0},
+            {"input": "a question of its own about seven different things", "choices": ["a", "b"], "gold": 1},
+            {"input": "q", "choices": ["first", " ".join(train_words[40:50])], "gold": 0},     # a 10-word choice
+            {"input": " ".join(heldout[0].split()[:30]), "choices": ["x", "y"], "gold": 0},   # valid/test text only
+            {"input": " ".join(train_words[20:32]) + " and then something else", "choices": ["p"], "gold": 0}]
+    job = load_recipe("gpt-tiny", [f"data.blend={out / 'blend.json'}", f"data.tokenizer.path={out / 'tokenizer'}",
+                                   f"data.cache_dir={root / 'cache'}"])
+    excluded = excluded_items(job, "planted", docs, tok.decode, tok.eod)
+    assert excluded == [0, 2]            # item 4 shares 12 words only; item 3 is held-out text
+    cache = list((root / "cache" / "contamination").glob("planted-*.json"))
+    assert len(cache) == 1 and json.loads(cache[0].read_text())["excluded"] == [0, 2]
+    assert excluded_items(job, "planted", docs, lambda ids: 1 / 0, tok.eod) == [0, 2]      # read from the cache
+    scores = clean_scores({"acc": [1.0, 0.0, 1.0, 1.0, 0.0]}, excluded)
+    assert scores == {"acc_clean": pytest.approx(1 / 3), "excluded": 2}
+    mock = load_recipe("gpt-tiny", ["data.mock=true"])
+    assert excluded_items(mock, "planted", docs, tok.decode, tok.eod) == []
+    clean = [d for i, d in enumerate(docs) if i not in excluded]
+    assert excluded_items(job, "clean", clean, tok.decode, tok.eod) == []
