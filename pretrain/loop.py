@@ -27,7 +27,7 @@ from .checkpoint.timed import TimedSaves
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
 from .data import attribution
-from .data.datasets import BatchSource, StepBatches, eval_batches, split_sizes
+from .data.datasets import BatchSource, StepBatches, eval_batches, split_sizes, train_prefixes
 from .data.identity import data_identity, differences
 from .data.mix import PhasedMix
 from .dist import from_rank0, log
@@ -78,6 +78,8 @@ class Trainer:
                                            engine.dp_rank, engine.dp_size)
         else:
             self.train_batches = StepBatches(train, cfg.batch.micro_batch_size, engine.dp_rank, engine.dp_size)
+            if cfg.data.quarantine:         # recorded as an event at the start (run())
+                self.train_batches.quarantine = attribution.Quarantine(cfg.data.quarantine, train_prefixes(cfg))
         self.valid, self.test = valid, test
         self.metrics = Metrics(cfg, self.run_dir, engine.is_logging_rank(), task.flops_per_token,
                                this_device_peak_tflops(cfg.precision.half),
@@ -309,6 +311,10 @@ class Trainer:
         try:
             hooks.progress()
             self.resume()
+            quarantine = getattr(self.train_batches, "quarantine", None)
+            if quarantine is not None:
+                self.metrics.event({"kind": "quarantine", "step": self.state.step, "file": quarantine.path,
+                                    "documents": sorted(quarantine.documents)})
             hooks.progress()
             self._steps(rank)
             while not self._validate_and_save(final=True):     # rolled back: train up to the end again

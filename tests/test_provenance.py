@@ -184,3 +184,36 @@ def test_planted_contaminated_items_are_exactly_the_excluded_ones(built):
     assert excluded_items(mock, "planted", docs, tok.decode, tok.eod) == []
     clean = [d for i, d in enumerate(docs) if i not in excluded]
     assert excluded_items(job, "clean", clean, tok.decode, tok.eod) == []
+
+
+def test_data_quarantine_masks_the_named_documents_loss_in_every_sample(built, tmp_path):
+    """A training run's data.quarantine: every target of a named document (by id or file:line) has loss mask 0,
+    every other target keeps 1; the samples and their order are unchanged."""
+    from pretrain.config.compose import load_recipe
+    from pretrain.data import attribution
+    from pretrain.data.datasets import StepBatches, build_datasets, train_prefixes
+    root, src, records = built
+    out = root / "out"
+    job = load_recipe("gpt-tiny", [f"data.blend={out / 'blend.json'}", f"data.tokenizer.path={out / 'tokenizer'}",
+                                   "model.seq_length=64", "schedule.train_iters=4", "batch.global_batch_size=8",
+                                   "batch.micro_batch_size=4", f"data.cache_dir={root / 'cache'}"])
+    train = build_datasets(job, 32, 8, 8)[0]
+    plain = StepBatches(train, 8, 0, 1)
+    layout = [attribution.segments(train, plain.index(p)) for p in range(8)]
+    prefix, prov = layout[0][0].prefix, provenance.read(layout[0][0].prefix)
+    named = {layout[0][0].document, layout[3][-1].document}
+    first, second = sorted(named)
+    held = tmp_path / "q.txt"
+    held.write_text(f"{prov.record_id(first)}\n{prov.entry(second)['source']}:{prov.entry(second)['line']}\n")
+    quarantine = attribution.Quarantine(str(held), train_prefixes(job))
+    assert quarantine.documents == {(prefix, d) for d in named}
+    masked = StepBatches(train, 8, 0, 1)
+    masked.quarantine = quarantine
+    [a], [b] = plain.micro_batches(0, 8), masked.micro_batches(0, 8)
+    assert a["tokens"].equal(b["tokens"])
+    expected = a["loss_mask"].clone()
+    for s, parts in enumerate(layout):
+        for seg in parts:
+            if seg.document in named:
+                expected[s, max(seg.start - 1, 0):seg.start + seg.length - 1] = 0
+    assert b["loss_mask"].equal(expected) and quarantine.masked_tokens == int((a["loss_mask"] - expected).sum()) > 0

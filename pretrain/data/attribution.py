@@ -166,3 +166,34 @@ def table(path: Path, top: int = 10) -> str:
         lines.append(f"  {row['rank']:>3}. {loss} {row['tokens']:>6} tok  id {row.get('id', '?')}  {where}"
                      + (f"  (edited by {', '.join(row['edited_by'])})" if row.get("edited_by") else ""))
     return "\n".join(lines)
+
+
+class Quarantine:
+    """`data.quarantine` in training: the loss of the listed documents' tokens is masked wherever a sample holds
+    them, so a resume leaves them out of every update without moving a sample (the checkpoint's sample order and
+    data identity stand). The list names record ids or file:lines (preprocessing/provenance.py), matched against
+    the `.prov` of the train split's prefixes."""
+
+    def __init__(self, path: str, prefixes: Sequence[str]):
+        names = provenance.read_quarantine(path)
+        self.path, self.documents, self.masked_tokens = path, set(), 0
+        for prefix in prefixes:
+            prov = provenance.read(prefix)
+            if prov is None:
+                raise ValueError(f"data.quarantine={path}: {prefix}.prov missing, so its documents cannot be named. "
+                                 "Fix: make preprocess (it writes the provenance), or unset data.quarantine.")
+            sources = prov.header["sources"]
+            for i in range(len(prov)):
+                where = f"{sources[int(prov.source[i])]}:{int(prov.line[i])}"
+                if provenance.quarantined(names, prov.record_id(i), where):
+                    self.documents.add((prefix, i))
+
+    def mask(self, dataset, index: int, sample: dict) -> None:
+        """Zero the loss mask of the quarantined documents' targets in `sample` (dataset index `index`)."""
+        if not self.documents:
+            return
+        for seg in segments(dataset, index):
+            if (seg.prefix, seg.document) in self.documents:
+                lo, hi = max(seg.start - 1, 0), seg.start + seg.length - 1
+                self.masked_tokens += int(sample["loss_mask"][lo:hi].sum())
+                sample["loss_mask"][lo:hi] = 0
