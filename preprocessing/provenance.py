@@ -9,7 +9,7 @@ of the index, so document i of the `.idx` is entry i here.
 `<prefix>.prov` layout (little-endian): b"MMPROV\\x00\\x01", <I header bytes, a JSON header
 {"documents", "sources" (the files), "kept_by" (the stages every document passed), "edits" (names
 of the edit bits)}, then per document: source index int32, line int64, edit bits uint16, and the
-record ids as int64 end offsets + UTF-8 bytes. 30 bytes per document plus its id. The files are
+record ids as int64 end offsets + UTF-8 bytes: 22 bytes per document plus its id. The files are
 written from the records alone, so the same data gives the same bytes; data/identity.py digests them.
 
 A quarantine file (`input.quarantine`; a training recipe's `data.quarantine`) lists documents to
