@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from itertools import chain
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Sequence
 
 import numpy as np
-
-from common.files import write_atomic
 
 from .decontaminate_index import ngram_hashes, normalized_utf8, spellings, utf8_word_hashes
 
@@ -87,6 +86,9 @@ def cached(cache_dir: Path | str, task: str, data_key: str, items: Sequence[Sequ
         return json.loads(path.read_text())["excluded"]
     found = contaminated(items, documents(), ngram)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps({"task": task, "data": data_key, "ngram": ngram, "items": len(items),
-                                   "excluded": found}))
+    # every rank of a run may compute it at once: each writes its own temporary file, the last rename wins
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"task": task, "data": data_key, "ngram": ngram, "items": len(items),
+                               "excluded": found}))
+    os.replace(tmp, path)
     return found
