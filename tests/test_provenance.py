@@ -144,10 +144,10 @@ def test_a_steps_samples_map_to_their_documents_tokens_and_lines(built):
     assert {r["id"] for r in rows} <= {r["id"] for r in records.values()}
     assert all(records[r["line"]]["id"] == r["id"] and r["source"] == str(src) for r in rows)
     assert sum(r["tokens"] for r in rows) == 8 * 65
-    # losses: 1.0 on every target, 5.0 on those of the first sample's second document
+    # losses: 1.0 on every target, 5.0 on those of the first sample's last document
     losses, mask = np.ones((8, 64)), np.ones((8, 64))
-    second = layout[0][1]
-    losses[0, second.start - 1:second.start + second.length - 1] = 5.0
+    second = layout[0][-1]
+    losses[0, max(second.start - 1, 0):second.start + second.length - 1] = 5.0
     per_doc = attribution.document_losses(layout, losses, mask)
     assert sum(n for _, n in per_doc.values()) == 8 * 64
     ranked = attribution.explain(layout, positions, per_doc)
@@ -172,7 +172,7 @@ def test_planted_contaminated_items_are_exactly_the_excluded_ones(built):
             {"input": " ".join(heldout[0].split()[:30]), "choices": ["x", "y"], "gold": 0},   # valid/test text only
             {"input": " ".join(train_words[20:32]) + " and then something else", "choices": ["p"], "gold": 0}]
     job = load_recipe("gpt-tiny", [f"data.blend={out / 'blend.json'}", f"data.tokenizer.path={out / 'tokenizer'}",
-                                   f"data.cache_dir={root / 'cache'}"])
+                                   f"data.cache_dir={root / 'cache'}", "schedule.train_iters=2"])
     excluded = excluded_items(job, "planted", docs, tok.decode, tok.eod)
     assert excluded == [0, 2]            # item 4 shares 12 words only; item 3 is held-out text
     cache = list((root / "cache" / "contamination").glob("planted-*.json"))
