@@ -217,3 +217,31 @@ def test_data_quarantine_masks_the_named_documents_loss_in_every_sample(built, t
             if seg.document in named:
                 expected[s, max(seg.start - 1, 0):seg.start + seg.length - 1] = 0
     assert b["loss_mask"].equal(expected) and quarantine.masked_tokens == int((a["loss_mask"] - expected).sum()) > 0
+
+
+def test_make_eval_and_the_inloop_scorer_report_the_clean_subset(built, tmp_path):
+    """evals/harness.clean_subset on lm-eval's logged samples (out of doc_id order), and downstream.per_item whose
+    means are `accuracy`'s: the clean metrics leave out exactly the contaminated items."""
+    from evals.harness import clean_subset
+    from pretrain.config.compose import load_recipe
+    from pretrain.observability.downstream import Task, accuracy, per_item
+    root, src, records = built
+    out = root / "out"
+    tok = load_tokenizer("hf", out / "tokenizer")
+    tok.save(tmp_path / "hf")                                # what the export writes beside the weights
+    _, prov, _ = split_documents(out, "train")
+    words = records[prov.entry(2)["line"]]["text"].split()
+    docs = [{"q": "plain words that appear nowhere at all in it", "choices": ["a", "b"], "gold": 0},
+            {"q": " ".join(words[5:25]), "choices": ["a", "b"], "gold": 1},
+            {"q": "another question with nothing to hide from you", "choices": ["a", "b"], "gold": 0}]
+    job = load_recipe("gpt-tiny", [f"data.blend={out / 'blend.json'}", f"data.tokenizer.path={out / 'tokenizer'}",
+                                   f"data.cache_dir={tmp_path / 'cache'}", "schedule.train_iters=2"])
+    samples = [{"doc_id": i, "doc": docs[i], "acc": acc, "acc_norm": 1.0 - acc}
+               for i, acc in ((2, 1.0), (0, 0.0), (1, 1.0))]
+    clean = clean_subset(job, tmp_path / "hf", "t", samples, {"acc": 2 / 3, "acc_stderr": 0.3, "acc_norm": 1 / 3})
+    assert clean == {"acc_clean": 0.5, "acc_norm_clean": 0.5, "excluded": 1}
+    task = Task("t", docs, "q", "choices", "gold", " ")
+    lls = [[-1.0, -2.0], [-1.0, -2.0], [-3.0, -2.0]]
+    items = per_item(task, lls)
+    assert items == {"acc": [1.0, 0.0, 0.0], "acc_norm": [1.0, 0.0, 0.0]}
+    assert accuracy(task, lls)["acc"] == pytest.approx(sum(items["acc"]) / 3)
