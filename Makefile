@@ -166,6 +166,9 @@ eval-data: $(STAMP)  ## [TASKS=hyperbaton,winowhy,...] [RECIPE=...]: BIG-bench M
 eval: $(STAMP)  ## RUN=<run_dir> [STEP=N] [TASKS=a,b] [LIMIT=N]: lm-eval-harness offline on the run's HF export
 	$(PY) -m evals.harness
 
+explain-step: $(STAMP)  ## RUN=<run_dir> STEP=N [TOP=10]: step N's documents ranked by loss under the checkpoint before it, with provenance
+	$(PY) -m evals.explain
+
 compare: $(STAMP)  ## RUNS="runs/a runs/b" [OUTPUT=<png>; default <their dir>/compare.png]: loss / val-ppl curves and a final-metrics table
 	$(PY) -m evals.compare
 
@@ -186,5 +189,5 @@ clean:  ## remove runs/, outputs/, multirun/ (keeps data/ and .venv): lists them
 	rm -rf $$dirs && echo "removed $$dirs"
 
 .PHONY: help setup setup-job test test-fast lint config plan data preprocess dedup tokenize bench-preprocess \
-	bench-extract quality-classifier bench-train bench doctor gpu-check gpu-check-wheels pretrain ablate ladder \
+	bench-extract quality-classifier bench-train bench doctor gpu-check gpu-check-wheels pretrain ablate ladder explain-step \
 	export import-hf eval-data eval compare ckpt-info report clean

@@ -30,11 +30,11 @@ def fsync_file(path: Path | str) -> None:
         os.fsync(f.fileno())
 
 
-def write_atomic(path: Path | str, text: str) -> None:
-    """`text` into `path`: written to `<path>.tmp`, fsynced, renamed over `path`, the directory fsynced."""
+def write_atomic(path: Path | str, text: str | bytes) -> None:
+    """`text` (or bytes) into `path`: written to `<path>.tmp`, fsynced, renamed over `path`, the directory fsynced."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(tmp, "wb") if isinstance(text, bytes) else open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

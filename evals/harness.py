@@ -6,6 +6,9 @@ already there) and evaluated with lm-eval's `hf` model on the local task YAMLs o
 BIG-bench tasks are written first when missing). Nothing is fetched: the Hugging Face hub
 and datasets are switched to offline mode before lm-eval is imported.
 
+Each task is scored on all its items and on those that share no 13-gram with the run's training data
+(`<metric>_clean`, `excluded`: pretrain/observability/contamination.py).
+
 Results: `<run_dir>/evals/step_<N>.json` (per-task metrics, sample counts, limit, versions)
 and TensorBoard scalars `lm_eval/<task>/<metric>` at step N in `<run_dir>/tensorboard`.
 """
@@ -17,6 +20,9 @@ import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from pretrain.data.tokenizer import run_tokenizer
+from pretrain.observability.contamination import clean_scores, excluded_items
 
 from .tasks import DEFAULT_BIGBENCH, TASKS_DIR, heldout_task_name, write_bigbench, write_heldout
 
@@ -72,6 +78,19 @@ def task_metrics(results: dict) -> Dict[str, Dict[str, float]]:
     return out
 
 
+def clean_subset(cfg, hf_dir: Path, task: str, samples: List[dict], metrics: Dict[str, float]) -> Dict[str, float]:
+    """The task's metrics on the items that share no 13-gram with the run's training data, and how many were
+    excluded (pretrain/observability/contamination.py); lm-eval's logged samples give each item's values."""
+    from transformers import AutoTokenizer
+    samples = sorted(samples, key=lambda x: x["doc_id"])
+    per_item = {m: [float(x[m]) for x in samples] for m in metrics
+                if "stderr" not in m and all(isinstance(x.get(m), (int, float)) for x in samples)}
+    decode = AutoTokenizer.from_pretrained(str(hf_dir)).decode
+    excluded = excluded_items(cfg, task, [x["doc"] for x in samples], decode,
+                              run_tokenizer(cfg, "make eval's contamination check").eod)
+    return clean_scores(per_item, excluded)
+
+
 def evaluate(run_dir: str | Path, tasks: List[str] | None = None, step: Optional[int] = None,
              limit: Optional[int] = None, batch_size: int = 8, bootstrap_iters: int = 1000,
              tasks_dir: Path = TASKS_DIR) -> Path:
@@ -94,8 +113,11 @@ def evaluate(run_dir: str | Path, tasks: List[str] | None = None, step: Optional
         model="hf", model_args={"pretrained": str(hf_dir), "dtype": "float32"}, tasks=names,
         task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False),
         device="cuda" if torch.cuda.is_available() else "cpu", batch_size=batch_size, limit=limit,
-        bootstrap_iters=bootstrap_iters, log_samples=False)
+        bootstrap_iters=bootstrap_iters, log_samples=True)
     metrics = task_metrics(results["results"])
+    for task, samples in results.get("samples", {}).items():
+        if task in metrics:
+            metrics[task].update(clean_subset(cfg, hf_dir, task, samples, metrics[task]))
     report = {"step": meta["step"], "tokens": meta.get("consumed_tokens"), "checkpoint": str(hf_dir),
               "limit": limit, "tasks": metrics, "n_samples": results.get("n-samples", {}),
               "versions": {"lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,

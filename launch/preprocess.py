@@ -143,7 +143,10 @@ def load(argv: Optional[List[str]] = None) -> PreprocessConfig:
     parser.add_argument("--config", default=None, help="preprocessing/conf/<name>.yaml, or a resolved YAML file")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the preprocessing config; default $OVERRIDES")
     args = parser.parse_args(argv)
-    return load_config(config_name(args), args.overrides or overrides_from_env())
+    cfg = load_config(config_name(args), args.overrides or overrides_from_env())
+    if not (args.config or os.environ.get("PREPROCESS_CONFIG")) and cfg.input.quarantine is None:
+        cfg.input.quarantine = load_recipe(recipe_from_env()).data.quarantine     # the recipe's data.quarantine
+    return cfg
 
 
 @cli_main

@@ -29,6 +29,8 @@ class InputConfig:
     text_field: str = doc("text", "Record field holding the document text.")
     id_field: str = doc("id", "Record field holding the document id (file:line when absent).")
     max_bad_fraction: float = doc(0.01, "Fail the run when more than this fraction of records is unusable.")
+    quarantine: Optional[str] = doc(None, "File of documents to leave out (a record id or file:line per line, as "
+                                          "make explain-step prints them); null: none. preprocessing/provenance.py.")
 
 
 @dataclass

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from .config import PreprocessConfig
 from .losses import EmptyStage
 from .markers import Marker, fingerprint, print_summary
+from .provenance import note_edit
 from .records import BadInput, Piece, byte_shard, read_jsonl_range
 
 SPLITS = ("train", "valid", "test")
@@ -76,8 +77,11 @@ def run_part(cfg: PreprocessConfig, name: str, make_pass: Callable[[], DocumentP
         docs = (doc for piece in pieces for doc, _, _ in read_jsonl_range(piece, field, cfg.input.id_field, bad))
         progress = tqdm(desc=f"{name} {k + 1}/{n}", unit="doc", file=sys.stderr, leave=False)
         for batch in iter(lambda: list(itertools.islice(docs, BATCH)), []):
-            for doc, reason in zip(batch, doc_pass.apply_many([d.record for d in batch]), strict=True):
+            texts = [d.record.get(field) for d in batch]
+            for doc, text, reason in zip(batch, texts, doc_pass.apply_many([d.record for d in batch]), strict=True):
                 if reason is None:
+                    if doc.record.get(field) != text:
+                        note_edit(doc.record, name)
                     kept_f.write(json.dumps(doc.record, ensure_ascii=False) + "\n")
                 else:
                     removed += 1

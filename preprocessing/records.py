@@ -274,11 +274,12 @@ def count_newlines(path: Path, upto: int) -> int:
     return n
 
 
-def read_jsonl_range(piece: Piece, text_field: str, id_field: str, bad: BadInput
+def read_jsonl_range(piece: Piece, text_field: str, id_field: str, bad: BadInput, locate: bool = False
                      ) -> Iterator[Tuple[Document, int, int]]:
     """(document, line start, line end) of the JSONL lines of a file that start in [start, end), checked as
     `read_jsonl` checks them; a bad line is counted with its file:line. Line numbers are counted from the
-    file's start only when a message or a missing id needs one, so a range costs only its own bytes."""
+    file's start only when a message, a missing id or `locate` (every document's `where`) needs one, so a
+    range costs only its own bytes otherwise."""
     path, start, end = piece
     first_line = None
 
@@ -312,7 +313,8 @@ def read_jsonl_range(piece: Piece, text_field: str, id_field: str, bad: BadInput
             if isinstance(obj, dict) and obj.get(id_field) is not None and isinstance(obj.get(text_field), str) \
                     and obj[text_field].strip():
                 bad.good += 1           # the common case: no line number needed
-                yield Document(str(obj[id_field]), obj[text_field], obj, ""), line_start, pos
+                yield Document(str(obj[id_field]), obj[text_field], obj, where(seen)[0] if locate else ""), \
+                    line_start, pos
                 continue
             place, lineno = where(seen)
             doc = _from_record(obj, place, text_field, id_field, f"{path.name}:{lineno}", bad)

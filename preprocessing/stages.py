@@ -70,6 +70,7 @@ from .parts import (
     split_part,
     whole,
 )
+from .provenance import quarantined, read_quarantine, stamp
 from .records import BadInput, Piece, read_documents, write_jsonl
 from .tokenize_indexed import SENTENCE_KEYS, merge_indexed, tokenize_to_indexed
 from .tokenizer_io import FIM_SENTINELS, load_tokenizer, train_bpe, train_wordpiece
@@ -137,17 +138,22 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     else:
         inp = cfg.input
     removed_out = work / "normalize_removed.jsonl"
-    marker = Marker(work, "normalize", fingerprint([_settings(inp), _settings(cfg.normalize)], inp.paths))
+    # "provenance": records carry their place (preprocessing/provenance.py); the quarantine file is an input
+    marker = Marker(work, "normalize", fingerprint([_settings(inp), _settings(cfg.normalize), "provenance"],
+                                                   [*inp.paths, *([inp.quarantine] if inp.quarantine else [])]))
     done = marker.done()
     if done is not None:
         print_summary("normalize + exact dedup (finished earlier)", {k: v for k, v in done.items() if k != "bad"},
                       done["bad"]["bad"])
         return out
-    bad, exact, removed, pages = BadInput(), ExactDedup(), [], [0]
+    bad, exact, removed, pages, held = BadInput(), ExactDedup(), [], [0], read_quarantine(inp.quarantine)
 
     def records():
         for doc in tqdm(read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field,
                                        bad=bad), desc="normalize", unit="doc", file=sys.stderr):
+            if quarantined(held, doc.id, doc.where):
+                removed.append({"id": doc.id, "where": doc.where, "method": "quarantine"})
+                continue
             text = normalize_text(doc.text, cfg.normalize.form) if cfg.normalize.enabled else doc.text
             # a page awaiting extraction has no text yet: equal empty texts are not duplicates
             pages[0] += not text
@@ -155,7 +161,9 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
             if first is not None:
                 removed.append({"id": doc.id, "duplicate_of": first, "method": "exact"})
                 continue
-            yield {**doc.record, inp.text_field: text, inp.id_field: doc.id}
+            record = {**doc.record, inp.text_field: text, inp.id_field: doc.id}
+            stamp(record, doc.where, text != doc.text)
+            yield record
 
     kept = write_jsonl(out, records())
     write_jsonl(removed_out, removed)
@@ -163,7 +171,9 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     if pages[0] and "extract" not in cfg.stages:
         raise ConfigError([f"{pages[0]:,} records of {inp.paths} hold HTML (an 'html' field) and no text, and "
                            "`stages` has no 'extract'. Fix: list extract right after prepare."], source="stages")
-    summary = {"documents in": bad.good, "exact duplicates": len(removed), "kept": kept,
+    held_out = sum(r["method"] == "quarantine" for r in removed)
+    summary = {"documents in": bad.good, "exact duplicates": len(removed) - held_out, "kept": kept,
+               **({"quarantined": held_out} if inp.quarantine else {}),
                **({"pages awaiting extraction": pages[0]} if pages[0] else {})}
     print_summary("normalize + exact dedup", summary, dict(bad.counts))
     check_normalized(bad.good, kept, inp.paths, dict(bad.counts))       # an empty input stops here
@@ -360,6 +370,14 @@ def tokenizer(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     return {"vocab_size": tok.vocab_size}
 
 
+def kept_by(cfg: PreprocessConfig) -> List[str]:
+    """The decisions every document that reaches the splits passed: the stages that ran before the split."""
+    out = ["normalize" + (" + exact dedup" if cfg.normalize.exact_dedup else "")]
+    out += ["minhash dedup"] if cfg.dedup.enabled else []
+    out += ["quarantine"] if cfg.input.quarantine else []
+    return out + [name for name in cfg.stages if name in PASSES and STAGES.get(name).enabled(cfg)]
+
+
 @register_stage("tokenize", shards=lambda cfg: cfg.tokenize.shards)
 def tokenize(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     files = _split_files(cfg)
@@ -368,7 +386,7 @@ def tokenize(cfg: PreprocessConfig, shard: Optional[int] = None) -> dict:
     for split in SPLITS:
         for k in range(n) if shard is None else [shard]:      # shard k reads only its k-th byte range
             tokenize_to_indexed(_jsonl_input(cfg, files[split]), tok, _split_part(cfg, split, k), cfg.tokenize,
-                                None if n == 1 else (k, n))
+                                None if n == 1 else (k, n), kept_by=[*kept_by(cfg), f"split:{split}"])
     return {}
 
 
@@ -377,7 +395,8 @@ def config_fingerprint(cfg: PreprocessConfig) -> str:
     size and mtime of its inputs: what a blend records of what wrote it."""
     settings = {k: v for k, v in _settings(cfg).items() if k != "slurm"}
     # fields at the default they had before they existed are left out: the blends written then stay current
-    for section, field, default in (("tokenizer", "algorithm", "bpe"), ("tokenize", "split_sentences", False)):
+    for section, field, default in (("tokenizer", "algorithm", "bpe"), ("tokenize", "split_sentences", False),
+                                    ("input", "quarantine", None)):
         if settings[section].get(field) == default:
             settings[section].pop(field)
     # sections that decide nothing where their stage or filter is not used, left out as before they existed

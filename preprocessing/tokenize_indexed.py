@@ -45,6 +45,7 @@ from tqdm import tqdm
 from common.digest import file_digest
 from common.files import write_atomic
 
+from . import provenance
 from .cli import cli_main, stage_args
 from .config import InputConfig, TokenizeConfig
 from .indexed_io import concatenate, optimal_dtype, publish_pair, write_index
@@ -75,14 +76,18 @@ def length(pieces: List[Piece]) -> int:
     return sum(end - start for _, start, end in pieces)
 
 
-def jsonl_texts(pieces: List[Piece], inp: InputConfig, bad: BadInput, done: Optional[list] = None) -> Iterator[str]:
+def jsonl_texts(pieces: List[Piece], inp: InputConfig, bad: BadInput, done: Optional[list] = None,
+                prov: Optional[provenance.Log] = None) -> Iterator[str]:
     """Texts of the JSONL lines that start in `pieces` (records.read_jsonl_range); `done[0]` counts the
-    bytes read (progress)."""
+    bytes read (progress); `prov` gets each document's provenance."""
     for path, start, end in pieces:
         read = start
-        for doc, _, line_end in read_jsonl_range((path, start, end), inp.text_field, inp.id_field, bad):
+        for doc, _, line_end in read_jsonl_range((path, start, end), inp.text_field, inp.id_field, bad,
+                                                 locate=prov is not None):
             if done is not None:
                 done[0], read = done[0] + line_end - read, line_end
+            if prov is not None:
+                prov.add(doc.record, doc.id, doc.where)
             yield doc.text
         if done is not None:
             done[0] += max(0, end - read)
@@ -145,20 +150,21 @@ def encode_to(out, texts: Iterable[str], tokenizer, dtype: np.dtype, cfg: Tokeni
 def _worker(run: List[Piece], inp, tokenizer, dtype, cfg, bin_path: str, progress, slot: int, conn) -> None:
     """One forked worker: encode a run of pieces into `bin_path`; send (lengths, bad counts) back."""
     try:
-        bad, done = BadInput(), [0]
+        bad, done, prov = BadInput(), [0], provenance.Log()
 
         def report():
             progress[slot] = done[0]
         with open(bin_path, "wb") as out:
-            enc = encode_to(out, jsonl_texts(run, inp, bad, done), tokenizer, dtype, cfg, report)
-        conn.send(("ok", enc.as_message(), bad.good, dict(bad.counts), dict(bad.examples)))
+            enc = encode_to(out, jsonl_texts(run, inp, bad, done, prov), tokenizer, dtype, cfg, report)
+        conn.send(("ok", enc.as_message(), bad.good, dict(bad.counts), dict(bad.examples), prov.as_message()))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
 
 
-def _encode_pieces(pieces: List[Piece], inp, tokenizer, dtype, cfg, tmp: Path, bad: BadInput) -> Encoded:
+def _encode_pieces(pieces: List[Piece], inp, tokenizer, dtype, cfg, tmp: Path, bad: BadInput,
+                   prov: provenance.Log) -> Encoded:
     """Tokens of `pieces` into `tmp`.bin with `cfg.workers` processes; the workers' `Encoded` joined in order."""
     if cfg.split_sentences:
         sentence_pipeline()         # loaded once here, before the forks
@@ -185,7 +191,7 @@ def _encode_pieces(pieces: List[Piece], inp, tokenizer, dtype, cfg, tmp: Path, b
                 shared[0] = done[0]
                 progress.update(sum(shared) - progress.n)
             with open(f"{tmp}.bin", "wb") as out:
-                enc = encode_to(out, jsonl_texts(runs[0], inp, bad, done), tokenizer, dtype, cfg, report)
+                enc = encode_to(out, jsonl_texts(runs[0], inp, bad, done, prov), tokenizer, dtype, cfg, report)
                 for w, conn in enumerate(conns, 1):
                     while not wait([conn], timeout=0.5):
                         report()
@@ -204,6 +210,7 @@ def _encode_pieces(pieces: List[Piece], inp, tokenizer, dtype, cfg, tmp: Path, b
                     part.counts.update(reply[3])
                     part.examples.update(reply[4])
                     bad.merge(part)
+                    prov.extend(reply[5])
                     with open(f"{tmp}.bin.part{w}", "rb") as f:
                         shutil.copyfileobj(f, out, 1 << 22)
                     os.unlink(f"{tmp}.bin.part{w}")
@@ -245,8 +252,9 @@ def _range_digest(piece: Piece) -> str:
 
 
 def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: TokenizeConfig,
-                        shard: Optional[Tuple[int, int]] = None) -> dict:
-    """Tokenize the inputs into `prefix`.bin/.idx/.json. `shard` (k, n): only the k-th of n byte ranges
+                        shard: Optional[Tuple[int, int]] = None, kept_by: Optional[List[str]] = None) -> dict:
+    """Tokenize the inputs into `prefix`.bin/.idx/.json and the documents' provenance `prefix`.prov (`kept_by`:
+    the pipeline's stages every document passed). `shard` (k, n): only the k-th of n byte ranges
     of the (plain JSONL) inputs; `merge_indexed` joins the n shards into the bytes of one pass."""
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -256,6 +264,7 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
     settings = [vars(inp), cfg.append_eod, describe(tokenizer), shard]    # workers and batch size change no byte
     if cfg.split_sentences:     # only when on: the markers of datasets written before the field stay valid
         settings.append("split_sentences")
+    settings.append(["provenance", kept_by or []])
     marker = Marker(prefix.parent, prefix.name, fingerprint(settings, inp.paths))
     done = marker.done()
     if done:
@@ -263,16 +272,21 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
     dtype = optimal_dtype(tokenizer.vocab_size)
     tmp = prefix.with_name(prefix.name + ".tmp")
     try:    # a failure (too much bad input, a tokenizer error) leaves no half-written <prefix>.tmp.* behind
-        bad = BadInput()
+        bad, prov = BadInput(), provenance.Log()
         if plain:
             pieces = byte_shard(inp.paths, *(shard or (0, 1)))
-            enc = _encode_pieces(pieces, inp, tokenizer, dtype, cfg, tmp, bad)
+            enc = _encode_pieces(pieces, inp, tokenizer, dtype, cfg, tmp, bad, prov)
             sources = [{"path": str(p), "bytes": p.stat().st_size, "range": [s, e], "sha256": _range_digest((p, s, e))}
                        for p, s, e in pieces]
         else:
             docs = read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field, bad=bad)
+
+            def texts():
+                for d in docs:
+                    prov.add(d.record, d.id, d.where)
+                    yield d.text
             with open(f"{tmp}.bin", "wb") as out:
-                enc = encode_to(out, (d.text for d in tqdm(docs, desc=f"tokenize {prefix.name}", unit="doc",
+                enc = encode_to(out, (t for t in tqdm(texts(), desc=f"tokenize {prefix.name}", unit="doc",
                                                            file=sys.stderr)), tokenizer, dtype, cfg)
             sources = [{"path": str(p), "bytes": Path(p).stat().st_size, "sha256": file_digest(Path(p))}
                        for p in inp.paths if Path(p).is_file()]
@@ -281,11 +295,13 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
         document_indices = None if enc.per_doc is None else \
             np.concatenate([[0], np.cumsum(np.frombuffer(enc.per_doc, dtype=np.int32), dtype=np.int64)])
         write_index(f"{tmp}.idx", dtype, lengths, document_indices)
+        prov.write(tmp, kept_by or [])
     except BaseException:
-        for ext in ("bin", "idx"):
+        for ext in ("bin", "idx", "prov"):
             Path(f"{tmp}.{ext}").unlink(missing_ok=True)
         raise
     publish_pair(tmp, prefix)
+    os.replace(f"{tmp}.prov", f"{prefix}.prov")
     docs, tokens = len(lengths) if enc.per_doc is None else len(enc.per_doc), int(lengths.sum(dtype=np.int64))
     summary = {"documents": docs, "tokens": tokens, "dtype": dtype.name,
                "tokens_per_document": round(tokens / max(1, docs), 1),
@@ -295,7 +311,7 @@ def tokenize_to_indexed(inp: InputConfig, tokenizer, prefix: str | Path, cfg: To
     write_atomic(f"{prefix}.json", json.dumps(sidecar, indent=1))
     print_summary(f"tokenize -> {prefix}.bin/.idx" + (f" (shard {shard[0]} of {shard[1]})" if shard else ""),
                   summary, dict(bad.counts))
-    marker.mark(summary, outputs=[f"{prefix}.{ext}" for ext in ("bin", "idx", "json")])
+    marker.mark(summary, outputs=[f"{prefix}.{ext}" for ext in ("bin", "idx", "json", "prov")])
     return summary
 
 
@@ -315,13 +331,17 @@ def merge_indexed(parts: List[Path], prefix: str | Path) -> dict:
         return done
     tmp = prefix.with_name(prefix.name + ".tmp")
     dtype, _, _ = concatenate(parts, tmp)
+    joined = provenance.concatenate(parts, tmp)
     publish_pair(tmp, prefix)
+    if joined:
+        os.replace(joined, f"{prefix}.prov")
     docs, tokens = sum(s["documents"] for s in sidecars), sum(s["tokens"] for s in sidecars)
     summary = {"documents": docs, "tokens": tokens, "dtype": dtype.name,
                "tokens_per_document": round(tokens / max(1, docs), 1),
                **{k: sum(s[k] for s in sidecars) for k in SENTENCE_KEYS if k in sidecars[0]}}
     write_atomic(f"{prefix}.json", json.dumps({"prefix": str(prefix), **summary, "parts": sidecars}, indent=1))
-    marker.mark(summary, outputs=[f"{prefix}.{ext}" for ext in ("bin", "idx", "json")])
+    marker.mark(summary, outputs=[f"{prefix}.{ext}" for ext in ("bin", "idx", "json", "prov")
+                                  if Path(f"{prefix}.{ext}").exists()])
     return summary
 
 

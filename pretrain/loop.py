@@ -26,7 +26,8 @@ from .checkpoint.store import CheckpointStore, Decision, agreed_load
 from .checkpoint.timed import TimedSaves
 from .config.derive import batch_ramp
 from .config.schema import JobConfig
-from .data.datasets import BatchSource, StepBatches, eval_batches, split_sizes
+from .data import attribution
+from .data.datasets import BatchSource, StepBatches, eval_batches, split_sizes, train_prefixes
 from .data.identity import data_identity, differences
 from .data.mix import PhasedMix
 from .dist import from_rank0, log
@@ -78,6 +79,8 @@ class Trainer:
                                            engine.dp_rank, engine.dp_size)
         else:
             self.train_batches = StepBatches(train, cfg.batch.micro_batch_size, engine.dp_rank, engine.dp_size)
+            if cfg.data.quarantine:         # recorded as an event at the start (run())
+                self.train_batches.quarantine = attribution.Quarantine(cfg.data.quarantine, train_prefixes(cfg))
         self.valid, self.test = valid, test
         self.metrics = Metrics(cfg, self.run_dir, engine.is_logging_rank(), task.flops_per_token,
                                this_device_peak_tflops(cfg.precision.half),
@@ -319,6 +322,10 @@ class Trainer:
         try:
             hooks.progress()
             self.resume()
+            quarantine = getattr(self.train_batches, "quarantine", None)
+            if quarantine is not None:
+                self.metrics.event({"kind": "quarantine", "step": self.state.step, "file": quarantine.path,
+                                    "documents": sorted(quarantine.documents)})
             self.metrics.reset_window()          # the first step's window starts after the load
             hooks.progress()
             self._steps(rank)
@@ -354,6 +361,8 @@ class Trainer:
                 self.engine.finalize_saves(blocking=False)
                 if self.guard.event:
                     self.metrics.event(self.guard.event, rank=rank)
+                    if self.guard.event["kind"] == "spike":
+                        self._explain(self.guard.event, st.consumed_samples, global_batch)
                 st.consumed_samples += global_batch
                 record = self.metrics.step(st.step, result, lr, global_batch, st.consumed_samples,
                                            self.train_batches.current_weights())
@@ -374,6 +383,20 @@ class Trainer:
                     continue
                 if self.preemption.agreed():
                     self._save_and_leave()
+
+    def _explain(self, event: dict, consumed: int, global_batch: int) -> None:
+        """The spiking step's documents and their provenance -> <run_dir>/explain/ (logging rank; causal
+        single-blend data). A failure to explain is an event, never the end of the run."""
+        if not (self.engine.is_logging_rank() and type(self.train_batches) is StepBatches and self.cfg.objective.causal
+                and not self.cfg.data.mock):
+            return
+        try:
+            path = attribution.on_spike(self.run_dir, self.train_batches.dataset, self.train_batches.index, event,
+                                        consumed, global_batch)
+            self.log(f">> step {event['step']}'s documents: {path} (make explain-step RUN={self.run_dir} "
+                     f"STEP={event['step']} ranks them by loss)")
+        except (OSError, ValueError, TypeError, IndexError, KeyError) as err:
+            self.metrics.event({"kind": "explain_failed", "step": event["step"], "why": f"{type(err).__name__}: {err}"})
 
     def _save_and_leave(self) -> None:
         """A rank got SIGUSR1/SIGTERM (stability/preemption.py): checkpoint this step, exit for requeue."""

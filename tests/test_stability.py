@@ -127,6 +127,32 @@ def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(
 
 
 @pytest.mark.slow
+def test_the_spike_guard_names_the_steps_documents_and_explain_step_reproduces_a_steps_loss(spike_runs):
+    """When the guard fires, <run_dir>/explain/ holds the step's documents with their input lines; make
+    explain-step re-runs step 11's batch under checkpoint 10 in this process (transformers, 1 rank): its batch
+    loss is the loss the run logged for that step, and the documents are ranked by their own loss."""
+    from evals.explain import explain_step
+    from preprocessing.provenance import read
+    run_dir = spike_runs.root / "rollback"
+    spiked = json.loads((run_dir / "explain" / "step_00000014.json").read_text())
+    assert (spiked["consumed_samples"], spiked["global_batch"], spiked["event"]["kind"]) == (13 * 16, 16, "spike")
+    rows = spiked["documents"]
+    assert sum(r["tokens"] for r in rows) == 16 * 129 and all(r["line"] > 0 and r["id"] for r in rows)
+    for r in rows:                      # the .prov entry is the document of the .idx the sample read
+        assert read(r["prefix"]).entry(r["document"])["line"] == r["line"]
+        assert r["source"].endswith("data/demo/raw/corpus.jsonl") and "split:train" in r["kept_by"]
+    out = json.loads(explain_step(run_dir, 11).read_text())
+    logged = records_of(run_dir)[10]                                  # step 11's first pass, before the rollback
+    assert (out["checkpoint_step"], out["consumed_samples"], logged["step"]) == (10, 10 * 16, 11)
+    assert out["batch_loss"] == pytest.approx(logged["loss"], rel=2e-3)
+    losses = [r["loss"] for r in out["documents"]]
+    assert losses == sorted(losses, reverse=True) and sum(r["scored_tokens"] for r in out["documents"]) == 16 * 128
+    report = subprocess.run(["make", "-s", "report", f"RUN={run_dir}"], cwd=REPO, capture_output=True, text=True)
+    assert "documents of step 11: 16 samples from position 160" in report.stdout
+    assert "documents of step 14: 16 samples from position 208" in report.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["restarted", "overwritten"])
 def test_a_damaged_newest_checkpoint_is_skipped_announced_and_the_previous_continues_exactly(spike_runs,
                                                                                             fallback_runs, damage):

@@ -246,6 +246,9 @@ class DataConfig:
                                      "after EOD (CPU: s x s mask; GPUs: packed thd). pretrain/data/packing.py.")
     eod_mask_loss: bool = doc(False, "Do not score the target predicted from an EOD token (the next document's "
                                      "first token).")
+    quarantine: Optional[str] = doc(None, "File of documents to leave out (record ids or file:lines, as make "
+                                          "explain-step prints them): make preprocess RECIPE=... drops them; a "
+                                          "training run masks their loss. null: none.")
     max_epochs: float = doc(100.0, "Refuse a run that reads any train source of the blend more often than this "
                                    "(pretrain/config/epochs.py; warned above 4); raise it to repeat data on purpose.")
 

@@ -106,6 +106,11 @@ def build_datasets(cfg: JobConfig, train_samples: int, eval_samples: int, test_s
     return sources, valid, test
 
 
+def train_prefixes(cfg: JobConfig) -> List[str]:
+    """The indexed datasets of the blend's train split."""
+    return list(read_blend(Path(cfg.data.blend))["train"][0])
+
+
 def mix_source_samples(phases, train_samples: int) -> List[int]:
     """Samples each train source's own GPTDataset is built with under data.mix_phases: enough for the source's
     largest share of the run (+1%); indexing wraps beyond that. (data/identity.py derives the sample order from it.)"""
@@ -187,6 +192,7 @@ class StepBatches(BatchSource):
         self.keys = batch_keys(dataset)
         self.reshuffled: List[list] = []
         self._perms: Dict[tuple, torch.Tensor] = {}
+        self.quarantine = None          # attribution.Quarantine (data.quarantine): documents whose loss is masked
 
     def state(self) -> dict:
         return {"reshuffled": [list(w) for w in self.reshuffled]} if self.reshuffled else {}
@@ -215,7 +221,11 @@ class StepBatches(BatchSource):
         out = []
         for j in range(global_batch // per_micro):
             start = consumed + j * per_micro + self.dp_rank * self.mbs
-            out.append(collate([self.dataset[self.index(start + i)] for i in range(self.mbs)], self.keys))
+            samples = [self.dataset[self.index(start + i)] for i in range(self.mbs)]
+            if self.quarantine is not None:
+                for i, sample in enumerate(samples):
+                    self.quarantine.mask(self.dataset, self.index(start + i), sample)
+            out.append(collate(samples, self.keys))
         return out
 
 

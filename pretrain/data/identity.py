@@ -6,7 +6,9 @@ same position means other samples, and "exact resume" is void without a word. Ea
 meta.json therefore holds, per prefix of the blend (named relative to the blend, so moving the data
 directory changes nothing): documents, tokens, the .bin's size and the .idx's xxh3-128 (the index
 fixes every sequence's length and place; ~10 GB/s, so a multi-GB index costs seconds); and the
-tokenizer files' digests. Rank 0 computes this at every start while the others wait, so the .idx
+tokenizer files' digests; with them the xxh3 of the `.prov` beside
+the index (each document's source file, line and the stages that kept it: preprocessing/provenance.py).
+Rank 0 computes this at every start while the others wait, so the .idx
 digests are cached in the data cache dir (`idx_xxh3.json`, keyed by path, size, mtime and inode):
 a restart on unchanged files reads no index. A full resume compares them before the first step
 (`differences`); weights-only loads (continued pretraining, export) do not.
@@ -71,6 +73,8 @@ def data_identity(cfg: JobConfig) -> dict:
             size = Path(f"{prefix}.bin").stat().st_size
             sources[name_of(prefix)] = {"documents": documents, "tokens": size // itemsize, "bin_bytes": size,
                                         "idx_xxh3": _idx_digest(Path(f"{prefix}.idx"), cache)}
+            if Path(f"{prefix}.prov").exists():     # the documents' provenance (preprocessing/provenance.py)
+                sources[name_of(prefix)]["prov_xxh3"] = _idx_digest(Path(f"{prefix}.prov"), cache)
     _write_cache(cache_file, cache)
     return {"sources": sources, "tokenizer": tree_digests(cfg.data.tokenizer.path),
             "order": order_identity(cfg, splits, name_of, sources)}
@@ -163,6 +167,8 @@ def differences(saved: dict | None, now: dict) -> list[str]:
                        if old[name].get(k) != new[name].get(k)]
             if old[name].get("idx_xxh3") != new[name].get("idx_xxh3"):
                 changed.append("the index's bytes")
+            if "prov_xxh3" in old and old[name]["prov_xxh3"] != new[name].get("prov_xxh3"):
+                changed.append("the documents' provenance (.prov)")
             if changed:
                 out.append(f"{name}: " + ", ".join(changed))
     if saved.get("tokenizer") != now.get("tokenizer"):

@@ -32,6 +32,7 @@ from typing import Dict, List, Optional
 import yaml
 
 from ..data.tokenizer import run_tokenizer
+from .contamination import clean_scores, excluded_items
 
 
 @dataclass
@@ -136,6 +137,18 @@ def accuracy(task: Task, lls: List[List[float]]) -> Dict[str, float]:
     return {"acc": acc / n, "acc_norm": acc_norm / n, "gold_ll": gold_ll / n, "n": n}
 
 
+def per_item(task: Task, lls: List[List[float]]) -> Dict[str, List[float]]:
+    """acc and acc_norm of each document (what `accuracy` averages), for the clean subset's scores."""
+    import numpy as np
+    out: Dict[str, List[float]] = {"acc": [], "acc_norm": []}
+    for doc, ll in zip(task.docs, lls, strict=True):
+        golds = doc[task.target] if isinstance(doc[task.target], list) else [doc[task.target]]
+        lengths = np.array([float(len(c)) for c in doc[task.choices]])
+        out["acc"].append(float(np.argmax(ll) in golds))
+        out["acc_norm"].append(float(np.argmax(np.array(ll) / lengths) in golds))
+    return out
+
+
 class DownstreamEvals:
     """What the loop calls (pretrain/loop.py): `due(step, final)` and `run(step)` on every rank."""
 
@@ -145,6 +158,7 @@ class DownstreamEvals:
         self.tasks = [load_task(Path(e.downstream_tasks_dir), name, e.downstream_limit) for name in e.downstream_tasks]
         self.requests: Optional[List[Request]] = None      # built at the first run (tokenizer load)
         self.vocab_size = 0
+        self.excluded: List[List[int]] = []                 # per task: items sharing a 13-gram with the train data
 
     @classmethod
     def from_config(cls, cfg, engine, metrics) -> Optional[DownstreamEvals]:
@@ -158,6 +172,8 @@ class DownstreamEvals:
         enc = LmEvalEncoder(self.cfg)
         self.vocab_size = enc.vocab_size
         reqs = requests_of(self.tasks, enc, self.cfg.derived.max_position_embeddings)
+        eod = run_tokenizer(self.cfg, "eval.downstream_tasks").eod
+        self.excluded = [excluded_items(self.cfg, t.name, t.docs, enc.tok.decode, eod) for t in self.tasks]
         self.requests = sorted(reqs, key=lambda r: -len(r.tokens))     # like lengths share a micro-batch
 
     def _batches(self, mine: List[int], rows: int) -> List[tuple[List[int], dict]]:
@@ -213,7 +229,8 @@ class DownstreamEvals:
             per_doc[r.task][r.doc][r.choice] = ll
         for docs in per_doc:
             ordered += [ll for doc in docs for ll in doc]
-        return {task.name: accuracy(task, per_doc[t]) for t, task in enumerate(self.tasks)}, ordered
+        return {task.name: {**accuracy(task, per_doc[t]), **clean_scores(per_item(task, per_doc[t]), self.excluded[t])}
+                for t, task in enumerate(self.tasks)}, ordered
 
     def run(self, step: int) -> dict:
         started = time.perf_counter()
@@ -226,6 +243,7 @@ class DownstreamEvals:
             m.log_scalars(step, {f"downstream/{name}/{k}": v for name, r in results.items() for k, v in r.items()
                                  if k != "n"})
             shown = " | ".join(f"{name} acc {r['acc']:.4f} acc_norm {r['acc_norm']:.4f} gold_ll {r['gold_ll']:.3f} "
-                               f"(n={r['n']})" for name, r in results.items())
+                               f"(n={r['n']}); clean acc {r['acc_clean']:.4f} acc_norm {r['acc_norm_clean']:.4f} "
+                               f"({r['excluded']} excluded)" for name, r in results.items())
             print(f"downstream step {step}: {shown} | {record['seconds']:.1f} s", flush=True)
         return record

@@ -2,7 +2,8 @@
 
 Prints steps, tokens, restarts, skipped steps, spikes, rollbacks, throughput, the last
 train/valid/test losses and the goodput ledger (observability/goodput.py, also written to
-<run_dir>/goodput.json) from <run_dir>/metrics.jsonl, events.jsonl, saves.jsonl and provenance/, and draws
+<run_dir>/goodput.json) from <run_dir>/metrics.jsonl, events.jsonl, saves.jsonl and provenance/, the top
+documents of each explained step (explain/: the spike guard's, make explain-step's), and draws
 <run_dir>/report.png (pretrain/observability/report_plot.py): loss with validation loss, LR, grad norm,
 tokens/s and memory against the step (tokens on the top axis), the events marked at their
 steps. Reads files only (no torch, no experiment tracker); runs on a login node while training
@@ -15,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..data.attribution import EXPLAIN_DIR, table
 from .goodput import ledger_lines, run_ledger
 from .report_plot import save
 
@@ -70,6 +72,8 @@ def summarize(run_dir: Path) -> tuple[str, dict]:
     for e in events:
         lines.append(f"  event step {e['step']:>6} {e['kind']}: " +
                      ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "step", "time")))
+    for explained in sorted((run_dir / EXPLAIN_DIR).glob("step_*.json")):      # spikes, make explain-step
+        lines.append("  documents of " + table(explained, top=5).replace("\n", "\n    "))
     return "\n".join(lines), {"train": train, "records": records, "events": events, "stats": stats,
                                "device": _device(run_dir), "goodput": book}
 
