@@ -267,15 +267,17 @@ def test_ablate_refuses_a_site_profile_its_launcher_cannot_carry(tmp_path):
         "hydra.launcher.setup=['export A=b','export OMP_NUM_THREADS=3']" in plain
 
 
-def job_after_its_step(tmp_path, step_body, restarts=0):
+def job_after_its_step(tmp_path, step_body, restarts=0, nodes=("n1", "n2")):
     """The gpt-tiny job of `training_job` run here with its training step faked: `srun` runs `step_body` (bash,
-    with $TRAIN_EXIT_FILE from the script), `scontrol` logs its arguments. Returns (status, output, scontrol
-    calls but the first, `show hostnames`)."""
+    with $TRAIN_EXIT_FILE from the script), `scontrol` logs its arguments, `sinfo` lists the partition's `nodes`.
+    Returns (status, output, scontrol calls but the first, `show hostnames`)."""
     script = tmp_path / "launch.sbatch"
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.log"
     bin_dir.mkdir(exist_ok=True)
     calls.unlink(missing_ok=True)
-    for name, body in {"srun": step_body, "scontrol": f'echo "$*" >> {calls}; echo n1'}.items():
+    fakes = {"srun": step_body, "scontrol": f'echo "$*" >> {calls}; echo n1',
+             "sinfo": f"printf '%s\\n' {' '.join(nodes)}"}
+    for name, body in fakes.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="1",
@@ -349,6 +351,11 @@ def test_a_failed_health_check_requeues_the_job_without_the_bad_host(tmp_path):
                      "requeuehold 7", "update JobId=7 StartTime=now+2", "update JobId=7 ExcNodeList=n1", "release 7"]
     assert len(steps.read_text().splitlines()) == 1 and "launch.health check" in steps.read_text()   # no training
     assert bad.read_text().startswith("n1  # job 7: GPU 3: 2 uncorrected ECC errors")
+    # the partition has no other node: a restart excluding n1 could never start (it would pend, BadConstraints)
+    bad.unlink()
+    code, out, calls = job_after_its_step(tmp_path, f'echo "$*" >> {steps}', nodes=("n1",))
+    assert code == 1 and "only 0 node(s) of partition" in out and "a restart could never start" in out, out
+    assert calls == ["show hostnames n1"]
 
 
 def test_restart_backoff_is_the_batch_scripts_rule():
