@@ -104,9 +104,18 @@ def heldout_report(model, heldout: List[Tuple[str, str]], threshold: float) -> D
             "majority_baseline_accuracy": max(tp + fn, fp + tn) / n}
 
 
+def fasttext_predict(model, line: str, k: int = 1, threshold: float = 0.0) -> tuple:
+    """(labels, probabilities) of one line, best first: fastText's own `predict` without its final
+    `np.array(probs, copy=False)`, which numpy 2 refuses (fasttext-wheel 0.9.2)."""
+    if "\n" in line:
+        raise ValueError("fastText predicts one line at a time: remove the newlines")
+    pairs = model.f.predict(line, k, threshold, "strict")
+    return tuple(label for _, label in pairs), [float(prob) for prob, _ in pairs]
+
+
 def positive_probability(model, line: str) -> float:
     """P(high quality) of one model line (fastText's softmax over the two labels)."""
-    labels, probs = model.predict(line, k=2)
+    labels, probs = fasttext_predict(model, line, k=2)
     return float(dict(zip(labels, probs, strict=True)).get(POSITIVE, 0.0))
 
 
@@ -115,10 +124,10 @@ def train(cfg: QualityTrainConfig) -> Dict[str, object]:
     import fasttext  # the C++ extension, imported only here and in the filter
 
     if not hasattr(fasttext, "train_supervised"):
-        raise RuntimeError(f"the `fasttext` module at {fasttext.__file__} cannot train (fasttext-predict's, which "
-                           "installs into the same folder). Fix: `.venv/bin/uv pip uninstall fasttext-predict` then "
-                           "`.venv/bin/uv pip install -c constraints.txt --reinstall-package fasttext-numpy2-wheel "
-                           "fasttext-numpy2-wheel==0.9.2`.")
+        raise RuntimeError(f"the `fasttext` module at {fasttext.__file__} cannot train (a predict-only package such "
+                           "as fasttext-predict installs into the same folder). Fix: `.venv/bin/uv pip uninstall "
+                           "fasttext-predict` then `.venv/bin/uv pip install -c constraints.txt --reinstall-package "
+                           "fasttext-wheel fasttext-wheel==0.9.2`.")
     problems = train_problems(cfg)
     if problems:
         raise ConfigError(problems, source="quality-classifier")

