@@ -360,10 +360,11 @@ def test_a_restart_takes_the_index_digests_from_the_cache_until_a_file_changes(t
     cfg = load_recipe("gpt-tiny", [f"data.blend={root / 'blend.json'}", f"data.tokenizer.path={root / 'tok'}",
                                    "schedule.train_iters=2", f"data.cache_dir={tmp_path / 'cache'}"])
     first = identity_module.data_identity(cfg)
-    assert sorted(hashed) == ["test_text_document.idx", "train_text_document.idx", "valid_text_document.idx"]
-    assert identity_module.data_identity(cfg) == first and len(hashed) == 3        # the restart: none hashed
+    # each prefix's index and its provenance map (preprocessing/provenance.py), both in the data identity
+    assert sorted(hashed) == [f"{s}_text_document.{ext}" for s in ("test", "train", "valid") for ext in ("idx", "prov")]
+    assert identity_module.data_identity(cfg) == first and len(hashed) == 6        # the restart: none hashed
     idx = root / "train_text_document.idx"
     idx.write_bytes(idx.read_bytes())                                              # rewritten: a new mtime
     os.utime(idx, ns=(idx.stat().st_atime_ns, idx.stat().st_mtime_ns + 10**9))      # whatever the clock's grain
-    assert identity_module.data_identity(cfg) == first and hashed[3:] == ["train_text_document.idx"]
+    assert identity_module.data_identity(cfg) == first and hashed[6:] == ["train_text_document.idx"]
     assert (tmp_path / "cache" / "idx_xxh3.json").exists()
