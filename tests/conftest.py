@@ -123,7 +123,8 @@ def fetch_bigbench_tasks():
 def pytest_collection_modifyitems(config, items):
     """Order: the unit tier (and the slow tests marked beside_training: a few seconds of their own spawned
     ranks each), then the slow tests that read shared runs (they wait for the training that started
-    with the session), then the other slow tests. The unit tier runs beside the training, on the core its
+    with the session; the SLURM tests go in before the readers of the last launches), then the other slow
+    tests. The unit tier runs beside the training, on the core its
     launches leave idle; no slow test (timed drills, SLURM jobs) competes with it. The tests that read shared
     runs go in the order their sets finish (tests.training.finish_order), so that those reading the first
     launches' sets run while the later launches train instead of after the last one. Stable within each group."""
@@ -140,7 +141,9 @@ def pytest_collection_modifyitems(config, items):
             return (0,)
         fixtures = set(getattr(item, "fixturenames", ()))
         if not fixtures & (set(SETS) | {"session_runs", "reference"}):
-            return (2,)
+            # The SLURM jobs' tests wait on the scheduler about half of their time (51-65 % busy): run before the
+            # readers of the last launches, while those train in the background, instead of alone at the end.
+            return (1, (last[0], -1)) if "slurm" in fixtures and last else (2,)
         return (1, max((finish[n] for n in sets_of(item)), default=last))
     items.sort(key=key)
 
