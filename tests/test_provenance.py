@@ -62,6 +62,17 @@ def built(tmp_path_factory):
     return root, src, records
 
 
+def small_job(root):
+    """gpt-tiny over the `built` blend at 64 tokens, 8 samples a step, and its train dataset (32 samples)."""
+    from pretrain.config.compose import load_recipe
+    from pretrain.data.datasets import build_datasets
+    out = root / "out"
+    job = load_recipe("gpt-tiny", [f"data.blend={out / 'blend.json'}", f"data.tokenizer.path={out / 'tokenizer'}",
+                                   "model.seq_length=64", "schedule.train_iters=4", "batch.global_batch_size=8",
+                                   "batch.micro_batch_size=4", f"data.cache_dir={root / 'cache'}"])
+    return job, build_datasets(job, 32, 8, 8)[0]
+
+
 def test_every_document_maps_to_its_line_and_the_stages_that_kept_it(built):
     root, src, records = built
     tok = load_tokenizer("hf", root / "out" / "tokenizer")
@@ -115,15 +126,10 @@ def test_a_steps_samples_map_to_their_documents_tokens_and_lines(built):
     """attribution.segments reads megatron-core's indices as GPTDataset does: the documents' tokens, cut where the
     segments say, are the sample's tokens; each names its input line. document_losses puts target t + 1 on the
     document filling position t + 1."""
-    from pretrain.config.compose import load_recipe
     from pretrain.data import attribution
-    from pretrain.data.datasets import StepBatches, build_datasets
+    from pretrain.data.datasets import StepBatches
     root, src, records = built
-    out = root / "out"
-    job = load_recipe("gpt-tiny", [f"data.blend={out / 'blend.json'}", f"data.tokenizer.path={out / 'tokenizer'}",
-                                   "model.seq_length=64", "schedule.train_iters=4", "batch.global_batch_size=8",
-                                   "batch.micro_batch_size=4", f"data.cache_dir={root / 'cache'}"])
-    train = build_datasets(job, 32, 8, 8)[0]
+    job, train = small_job(root)
     source = StepBatches(train, 8, 0, 1)
     tokens = {}
     positions = attribution.step_positions(8, 8)              # step 2
@@ -189,15 +195,10 @@ def test_planted_contaminated_items_are_exactly_the_excluded_ones(built):
 def test_data_quarantine_masks_the_named_documents_loss_in_every_sample(built, tmp_path):
     """A training run's data.quarantine: every target of a named document (by id or file:line) has loss mask 0,
     every other target keeps 1; the samples and their order are unchanged."""
-    from pretrain.config.compose import load_recipe
     from pretrain.data import attribution
-    from pretrain.data.datasets import StepBatches, build_datasets, train_prefixes
+    from pretrain.data.datasets import StepBatches, train_prefixes
     root, src, records = built
-    out = root / "out"
-    job = load_recipe("gpt-tiny", [f"data.blend={out / 'blend.json'}", f"data.tokenizer.path={out / 'tokenizer'}",
-                                   "model.seq_length=64", "schedule.train_iters=4", "batch.global_batch_size=8",
-                                   "batch.micro_batch_size=4", f"data.cache_dir={root / 'cache'}"])
-    train = build_datasets(job, 32, 8, 8)[0]
+    job, train = small_job(root)
     plain = StepBatches(train, 8, 0, 1)
     layout = [attribution.segments(train, plain.index(p)) for p in range(8)]
     prefix, prov = layout[0][0].prefix, provenance.read(layout[0][0].prefix)
