@@ -1,6 +1,6 @@
 """The goodput ledger (pretrain/observability/goodput.py) on records whose every second is known, and the
 records it reads as Metrics writes them (window_s, eval_s, saves.jsonl). No training: a real run's ledger is
-checked on the rollback run in tests/test_stability.py."""
+checked on the rollback run in tests/test_spike_runs.py."""
 import json
 
 import pytest
