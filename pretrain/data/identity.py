@@ -80,6 +80,16 @@ def data_identity(cfg: JobConfig) -> dict:
             "order": order_identity(cfg, splits, name_of, sources)}
 
 
+def index_digests(paths, cache_dir: Path) -> dict:
+    """{path: xxh3} of index files (.idx, .prov), through the same digest cache as data_identity: a file hashed
+    once is not read again while its size, mtime and inode hold (the contamination check's key reads it too)."""
+    cache_file = Path(cache_dir) / IDX_CACHE
+    cache = _read_cache(cache_file)
+    out = {str(p): _idx_digest(Path(p), cache) for p in paths}
+    _write_cache(cache_file, cache)
+    return out
+
+
 def _read_cache(path: Path) -> dict:
     try:
         return json.loads(path.read_text())

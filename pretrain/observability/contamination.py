@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from common.digest import xxh3
 from preprocessing.blend import read_blend
 from preprocessing.contamination import cached, indexed_texts
+
+from ..data.identity import index_digests
 
 NGRAM = 13
 
@@ -30,13 +31,18 @@ def item_texts(doc: dict) -> List[str]:
     return out
 
 
+def data_cache_dir(cfg) -> Path:
+    return Path(cfg.data.cache_dir or Path(cfg.data.blend).parent / "cache")
+
+
 def train_key(cfg) -> Optional[tuple]:
     """(train prefixes, the data identity's digests of them: the .idx's xxh3 and the .bin's size); None for mock
     data."""
     if cfg.data.mock or not cfg.data.blend:
         return None
     prefixes = read_blend(Path(cfg.data.blend))["train"][0]
-    return prefixes, json.dumps([[p, xxh3(f"{p}.idx"), Path(f"{p}.bin").stat().st_size] for p in sorted(prefixes)])
+    digests = index_digests([f"{p}.idx" for p in prefixes], data_cache_dir(cfg))     # the data identity's cache
+    return prefixes, json.dumps([[p, digests[f"{p}.idx"], Path(f"{p}.bin").stat().st_size] for p in sorted(prefixes)])
 
 
 def excluded_items(cfg, task: str, docs: Sequence[dict], decode: Callable[[List[int]], str], eod: int) -> List[int]:
@@ -45,8 +51,7 @@ def excluded_items(cfg, task: str, docs: Sequence[dict], decode: Callable[[List[
     if key is None:
         return []
     prefixes, data_key = key
-    cache_dir = cfg.data.cache_dir or Path(cfg.data.blend).parent / "cache"
-    return cached(cache_dir, task, data_key, [item_texts(d) for d in docs], NGRAM,
+    return cached(data_cache_dir(cfg), task, data_key, [item_texts(d) for d in docs], NGRAM,
                   lambda: indexed_texts(prefixes, decode, eod))
 
 
