@@ -15,10 +15,10 @@ from pretrain.config.compose import load_recipe
 from pretrain.config.derive import batch_ramp
 from pretrain.data.mix import PhasedMix
 from tests.conftest import REPO
-from tests.training import BASE, DEMO, SAVE_AT, STEPS, shared_runs
+from tests.training import BASE, DEMO, GLOBAL_BATCH, SAVE_AT, STEPS, shared_runs
 
-RAMP = ["batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24", "batch.micro_batch_size=2",
-        "schedule.train_iters=8", "model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
+RAMP = ["batch.global_batch_size=16", "batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24",
+        "batch.micro_batch_size=2", "schedule.train_iters=8", "model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
 K = 3          # saved at step 3: global batches 8, 8, 12 | 16, 16, ... (the ramp crosses k)
 
 
@@ -316,7 +316,7 @@ def test_make_ckpt_info_prints_layout_and_config_diff(layout_runs):
     res = subprocess.run(["make", "-s", "ckpt-info"], cwd=REPO, capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert f"step        {SAVE_AT}   tokens {SAVE_AT * 16 * 128:,}" in out
+    assert f"step        {SAVE_AT}   tokens {SAVE_AT * GLOBAL_BATCH * 128:,}" in out
     assert "TP=2 PP=1" in out and "precision   fp32" in out and "intact" in out
     assert "  parallel.tensor_model_parallel_size: 2 -> 1" in out and f"  schedule.train_iters: {STEPS} -> 300" in out
 

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO
-from tests.training import DROPOUT, shared_runs, train_many
+from tests.training import DROPOUT, GLOBAL_BATCH, shared_runs, train_many
 from tests.training import DS_K as K
 from tests.training import DS_N as N
 from tests.training import DS_SHORT as SHORT
@@ -61,7 +61,7 @@ def test_bf16_runs_and_tracks_fp32(ds_runs):
 def test_run_directory_holds_the_rendered_config_flops_profile_and_tensorboard(ds_runs):
     run = ds_runs["root"] / "zero1"
     config = json.loads((run / "ds_config.json").read_text())
-    assert config["train_batch_size"] == 16 and config["gradient_accumulation_steps"] == 2
+    assert config["train_batch_size"] == GLOBAL_BATCH and config["gradient_accumulation_steps"] == 2
     assert config["zero_optimization"]["stage"] == 1 and config["optimizer"]["params"]["lr"] == 1e-3
     assert "Flops Profiler" in (run / "flops_profile.txt").read_text()
     assert list((run / "tensorboard").rglob("events.out.tfevents.*"))
@@ -121,7 +121,7 @@ def test_two_rank_checkpoint_resumes_on_one_through_the_universal_format(ds_runs
     assert [r["step"] for r in again] == list(range(K + 1, N + 1))
     # The next step's loss is the consolidated model's loss on the same batch (forward before the update) ...
     state = consolidated_state_dict(ckpt(ds_runs["root"] / name), scratch=one_root / "consolidate")
-    assert abs(again[0]["loss"] - consolidated_loss(state, consumed=K * 16)) < 1e-5
+    assert abs(again[0]["loss"] - consolidated_loss(state, consumed=K * GLOBAL_BATCH)) < 1e-5
     # ... and, optimizer state included, the run continues as the uninterrupted one did.
     for a, b in zip(again, ds_runs[name][K:], strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-5, (a["step"], a["loss"], b["loss"])
@@ -134,10 +134,10 @@ def consolidated_loss(state, consumed: int) -> float:
     from pretrain.engines.megatron.checkpointing import unwrap
     from pretrain.engines.megatron.engine import MegatronEngine
     from pretrain.objectives.registry import objective_for
-    from tests.training import BASE
+    from tests.training import BASE, MICRO_BATCH
     cfg = load_recipe("gpt-tiny", BASE + SHORT + ["cluster.devices_per_node=1"])
     engine = MegatronEngine(cfg, objective_for(cfg))
     missing, unexpected = unwrap(engine.model[0]).load_state_dict(state, strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
     train, _, _ = build_datasets(engine.cfg, *split_sizes(engine.cfg))
-    return engine.eval_loss(StepBatches(train, 4, 0, 1).micro_batches(consumed, 16))
+    return engine.eval_loss(StepBatches(train, MICRO_BATCH, 0, 1).micro_batches(consumed, GLOBAL_BATCH))

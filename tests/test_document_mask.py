@@ -16,7 +16,7 @@ from common.config import ConfigError
 from pretrain.config.compose import load_recipe
 from pretrain.data.datasets import collate
 from pretrain.data.packing import model_inputs, packed_seq_params
-from tests.training import job_log, shared_runs
+from tests.training import GLOBAL_BATCH, job_log, shared_runs
 
 EOD = 0
 DOCS = [5, 7, 5]            # document lengths, EOD included; 17 tokens = one sample of 16 plus its last label
@@ -218,7 +218,7 @@ def test_document_masked_run_logs_what_it_scores_and_counts_every_token(docmask_
     assert "[data] per-document attention and positions (s x s mask); loss over every target except the token " \
            "after each EOD (data.eod_mask_loss)" in log
     records = docmask_runs("dp2")
-    assert all(r["consumed_tokens"] == 16 * 128 * r["step"] for r in records)    # samples x seq_length, masks or not
+    assert all(r["consumed_tokens"] == GLOBAL_BATCH * 128 * r["step"] for r in records)    # samples x seq, masks or not
     assert "valid step 4: loss" in log and f"valid step {N}: loss" in log and f"test step {N}: loss" in log
 
 

@@ -11,7 +11,7 @@ import torch
 from common.config import ConfigError
 from pretrain.config.compose import load_recipe
 from pretrain.model.inventory import count_params
-from tests.training import STEPS, job_log, shared_runs
+from tests.training import GLOBAL_BATCH, STEPS, job_log, shared_runs
 
 MOE = ["model=moe-tiny", "moe.num_experts=4", "moe.router_topk=2", "moe.z_loss_coeff=1e-3"]
 SAVE_AT = 8
@@ -151,9 +151,9 @@ def test_router_losses_and_expert_load_are_logged(moe_runs):
         assert r["moe_z_loss"] > 0 and r["moe_dropped"] == 0.0      # dropless
         layers = r["moe_layers"]
         assert sorted(layers) == ["1", "2", "3", "4"]
-        # every token goes to 2 experts: a step's 16 x 128 tokens fill 2 x 2048 slots per layer
-        assert all(sum(counts) == 2 * 16 * 128 for counts in layers.values())
-        share = 2 * 16 * 128 / 4                                  # an even share of one layer's slots
+        # every token goes to 2 experts: a step's GLOBAL_BATCH x 128 tokens fill 2 slots each per layer
+        assert all(sum(counts) == 2 * GLOBAL_BATCH * 128 for counts in layers.values())
+        share = 2 * GLOBAL_BATCH * 128 / 4                                  # an even share of one layer's slots
         assert r["moe_load_max"] == max(max(c) for c in layers.values()) / share >= 1.0
         assert r["moe_load_min"] == min(min(c) for c in layers.values()) / share <= 1.0
     assert records[0]["moe_load_max"] < records[-1]["moe_load_max"]    # tiny and fast: the routers specialise

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from pretrain.model.attention_record import CPU_KERNEL
-from tests.training import LAYOUTS, STEPS
+from tests.training import GLOBAL_BATCH, LAYOUTS, MICRO_BATCH, STEPS
 
 ROWS = ("engine", "layout", "parameters", "precision", "fusions", "attention", "batch", "length", "data", "run dir")
 
@@ -35,9 +35,10 @@ def test_megatron_layout_runs_describe_their_layout(layout_runs):
     assert re.fullmatch(r"2\.59M total; per rank 1\.\d+M", by_dir["tp2"]["parameters"])
     assert re.fullmatch(r"2\.59M total; per rank \S+ - \S+", by_dir["pp2"]["parameters"])
     assert by_dir["tp2"]["precision"] == "fp32 (precision.dtype)"
-    assert by_dir["tp2"]["batch"] == "global 16 x 128 tokens; micro 4, 4 micro-batches per rank per step"
-    assert STEPS == 12 and by_dir["tp2"]["length"].startswith("12 steps, 24.6K tokens; lr 0.001 cosine to 0.0001, "
-                                                              "warmup 5 steps")       # 12 x 16 x 128 tokens
+    assert by_dir["tp2"]["batch"] == \
+        f"global {GLOBAL_BATCH} x 128 tokens; micro {MICRO_BATCH}, 4 micro-batches per rank per step"
+    assert STEPS == 12 and by_dir["tp2"]["length"].startswith("12 steps, 12.3K tokens; lr 0.001 cosine to 0.0001, "
+                                                              "warmup 5 steps")       # 12 x 8 x 128 tokens
     assert by_dir["tp2"]["length"].endswith("optimizer adamw (AdamW)")        # the kernel under the wrappers
     assert by_dir["tp2"]["fusions"] == "none (CPU)"
     assert by_dir["tp2"]["attention"] == (f"{CPU_KERNEL} [TorchDotProductAttention (pretrain/model/"

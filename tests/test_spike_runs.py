@@ -13,7 +13,7 @@ import pytest
 from pretrain.schedules import lr_at
 from tests.conftest import REPO
 from tests.test_stability import events_of, records_of
-from tests.training import shared_runs
+from tests.training import GLOBAL_BATCH, shared_runs
 
 SPIKE_STEPS = 20         # longer than tests.training.STEPS: a spike at 14 after a window of 8, saves every 5
 SPIKES = ["fault.nan_at_step=5", "fault.rank=1", "fault.poison_at_step=14", "stability.spike_window=8",
@@ -77,12 +77,14 @@ def test_rollback_reloads_the_last_checkpoint_lowers_lr_skips_data_and_finishes(
     run_dir = spike_runs.root / "rollback"               # the job finished with exit code 0 (else the fixture fails)
     rollback = [e for e in events_of(run_dir) if e["kind"] == "rollback"]
     assert len(rollback) == 1 and rollback[0]["step"] == 14 and rollback[0]["to_step"] == 10
-    assert rollback[0]["lr_scale"] == 0.5 and rollback[0]["consumed_samples"] == 14 * 16   # steps 11-14's data skipped
+    # steps 11-14's data skipped
+    assert rollback[0]["lr_scale"] == 0.5 and rollback[0]["consumed_samples"] == 14 * GLOBAL_BATCH
     records = records_of(run_dir)
     assert [r["step"] for r in records] == list(range(1, 15)) + list(range(11, 21))
     for r in records[14:]:              # steps 11..20 again: half the schedule's LR, 4 steps' samples further on
         full = lr_at(r["step"], lr=1e-3, min_lr=1e-4, style="cosine", warmup=5, decay=SPIKE_STEPS)
-        assert r["lr"] == pytest.approx(0.5 * full, rel=1e-12) and r["consumed_samples"] == (r["step"] + 4) * 16
+        assert r["lr"] == pytest.approx(0.5 * full, rel=1e-12)
+        assert r["consumed_samples"] == (r["step"] + 4) * GLOBAL_BATCH
     unrolled = records_of(spike_runs.root / "skip")[-1]["loss"]       # the same steps with the spike skipped
     assert abs(records[-1]["loss"] - unrolled) < 0.05 * unrolled
     report = subprocess.run(["make", "-s", "report", f"RUN={run_dir}"], cwd=REPO, capture_output=True, text=True)
@@ -106,21 +108,23 @@ def test_the_spike_guard_names_the_steps_documents_and_explain_step_reproduces_a
     from preprocessing.provenance import read
     run_dir = spike_runs.root / "rollback"
     spiked = json.loads((run_dir / "explain" / "step_00000014.json").read_text())
-    assert (spiked["consumed_samples"], spiked["global_batch"], spiked["event"]["kind"]) == (13 * 16, 16, "spike")
+    assert (spiked["consumed_samples"], spiked["global_batch"], spiked["event"]["kind"]) == \
+        (13 * GLOBAL_BATCH, GLOBAL_BATCH, "spike")
     rows = spiked["documents"]
-    assert sum(r["tokens"] for r in rows) == 16 * 129 and all(r["line"] > 0 and r["id"] for r in rows)
+    assert sum(r["tokens"] for r in rows) == GLOBAL_BATCH * 129 and all(r["line"] > 0 and r["id"] for r in rows)
     for r in rows:                      # the .prov entry is the document of the .idx the sample read
         assert read(r["prefix"]).entry(r["document"])["line"] == r["line"]
         assert r["source"].endswith("data/demo/raw/corpus.jsonl") and "split:train" in r["kept_by"]
     out = json.loads(explain_step(run_dir, 11).read_text())
     logged = records_of(run_dir)[10]                                  # step 11's first pass, before the rollback
-    assert (out["checkpoint_step"], out["consumed_samples"], logged["step"]) == (10, 10 * 16, 11)
+    assert (out["checkpoint_step"], out["consumed_samples"], logged["step"]) == (10, 10 * GLOBAL_BATCH, 11)
     assert out["batch_loss"] == pytest.approx(logged["loss"], rel=2e-3)
     losses = [r["loss"] for r in out["documents"]]
-    assert losses == sorted(losses, reverse=True) and sum(r["scored_tokens"] for r in out["documents"]) == 16 * 128
+    assert losses == sorted(losses, reverse=True)
+    assert sum(r["scored_tokens"] for r in out["documents"]) == GLOBAL_BATCH * 128
     report = subprocess.run(["make", "-s", "report", f"RUN={run_dir}"], cwd=REPO, capture_output=True, text=True)
-    assert "documents of step 11: 16 samples from position 160" in report.stdout
-    assert "documents of step 14: 16 samples from position 208" in report.stdout
+    assert f"documents of step 11: {GLOBAL_BATCH} samples from position {10 * GLOBAL_BATCH}" in report.stdout
+    assert f"documents of step 14: {GLOBAL_BATCH} samples from position {13 * GLOBAL_BATCH}" in report.stdout
 
 
 @pytest.mark.slow

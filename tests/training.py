@@ -31,7 +31,10 @@ PY = sys.executable
 DEMO = REPO / "data/demo/bpe4k"                       # what the demo_data fixture makes
 
 STEPS = 12
-BASE = [f"schedule.train_iters={STEPS}", "batch.global_batch_size=16", "batch.micro_batch_size=4",
+GLOBAL_BATCH = 8        # samples a step (x seq_length 128: 1,024 tokens); 16 cost ~1.8x the CPU a step
+MICRO_BATCH = 2         # the micro-batches a step are as many as at 16/4: PP=2 and DP=2 keep their schedules
+BASE = [f"schedule.train_iters={STEPS}", f"batch.global_batch_size={GLOBAL_BATCH}",
+        f"batch.micro_batch_size={MICRO_BATCH}",
         "logging.log_interval=1", "eval.eval_interval=0", "eval.eval_iters=1", "eval.final_test=false",
         "logging.tensorboard=false", "schedule.lr_warmup=5", "optim.lr=1e-3", "optim.min_lr=1e-4",
         "checkpoint.save_interval=0", "checkpoint.save_final=false"]
@@ -388,7 +391,8 @@ def ds_ckpt(run_dir, step=DS_K):
 def ds_runs(root, runs):
     """Every DeepSpeed configuration for DS_N steps on 2 processes; root/<name> each."""
     save = [f"checkpoint.save_interval={DS_K}"]
-    ramp = ["batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24", "batch.micro_batch_size=2"]
+    ramp = ["batch.global_batch_size=16", "batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24",
+            "batch.micro_batch_size=2"]
     template = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
     template["gradient_clipping"] = 1.0                     # spelled out, equal to the recipe's: accepted
     template["zero_optimization"].update(reduce_bucket_size=200_000, allgather_bucket_size=200_000,
