@@ -1,6 +1,6 @@
 """Replicated parameters (pretrain/model/replicas.py): the split read as megatron-core records it, not from
 Transformer Engine's attributes alone, and a start-up check that every TP rank's copy of a replicated parameter is
-the same."""
+the same (by itself and at the megatron engine's start); grouped experts initialised as the sequential ones."""
 import pytest
 import torch
 from torch import nn
