@@ -1,7 +1,8 @@
 """recipes/deepseek-tiny: DeepSeek-V3's choices together (multi-head latent attention, multi-token prediction,
 auxiliary-loss-free sigmoid routing with groups and a shared expert, the first layer dense) at EP=2.
 
-Training (shared runs, the real entry point): the recipe on one process, at EP=2 and at TP=2 on two; the same
+Training (shared runs, the real entry point): the recipe on one process, at EP=2 and at TP=2 with sequence
+parallelism (MLA at TP>1) on two; the same
 steps with the expert bias replaced by a Switch aux loss. All at lr 1e-4 (the recipe's 1e-3 with 5 warmup steps
 collapses the routers of both in the first steps, which the bias undoes only later: docs/moe.md).
 `make pretrain RECIPE=deepseek-tiny` itself: tests/test_moe.py.
@@ -19,7 +20,8 @@ DS_STEPS = 20          # longer than tests.training.STEPS: the routers settle (t
 DS = ["recipe=deepseek-tiny", "optim.lr=1e-4", "optim.min_lr=1e-5", f"schedule.train_iters={DS_STEPS}"]
 AUX = ["moe.expert_bias=false", "moe.load_balancing=aux_loss", "moe.aux_loss_coeff=1e-2"]
 SAVE_AT = 15
-LAYOUT_STEPS = 6        # of the reference's 20: a deepseek-tiny step at TP=2 costs ~2.5 gpt-tiny steps on 2 cores
+LAYOUT_STEPS = {"ep2": 6, "tp2": 10}    # of the reference's 20: a deepseek-tiny step at TP=2 costs ~2.5 gpt-tiny
+# steps on 2 cores; TP=2 runs 10 (#46: MLA at TP=2 with SP equals one process over 10 steps)
 
 
 @shared_runs(nproc=1)
@@ -41,11 +43,12 @@ def deepseek_resumed(root, runs):
 @shared_runs(nproc=2)
 def deepseek_layouts(root, runs):
     """The recipe's EP=2 (alltoall), and TP=2 (sequence parallel: megatron-core's MoE needs it under TP) with whole
-    experts on each rank (expert TP 1), the first LAYOUT_STEPS steps. The EP=2 run saves its last step (the export
-    test)."""
-    short = [f"schedule.train_iters={LAYOUT_STEPS}", f"schedule.lr_decay={DS_STEPS}"]      # the first steps of 20
-    return {"ep2": DS + short + ["checkpoint.save_final=true"],
-            "tp2": DS + short + ["parallel=tp2-sp", "parallel.expert_tensor_parallel_size=1"]}
+    experts on each rank (expert TP 1), the first LAYOUT_STEPS steps of each. The EP=2 run saves its last step (the
+    export test)."""
+    def short(name):                 # the first steps of 20
+        return [f"schedule.train_iters={LAYOUT_STEPS[name]}", f"schedule.lr_decay={DS_STEPS}"]
+    return {"ep2": DS + short("ep2") + ["checkpoint.save_final=true"],
+            "tp2": DS + short("tp2") + ["parallel=tp2-sp", "parallel.expert_tensor_parallel_size=1"]}
 
 
 def test_the_recipe_holds_every_choice_and_counts_its_mtp_layer():
@@ -60,14 +63,15 @@ def test_the_recipe_holds_every_choice_and_counts_its_mtp_layer():
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["ep2", "tp2"])
 def test_expert_and_tensor_parallel_equal_one_process(deepseek_reference, deepseek_layouts, layout):
-    ref, ours = deepseek_reference("one")[:LAYOUT_STEPS], deepseek_layouts(layout)
-    assert len(ours) == LAYOUT_STEPS and ref[-1]["loss"] < ref[0]["loss"] - 0.15        # it learns (8.36 -> 8.16)
+    steps = LAYOUT_STEPS[layout]
+    ref, ours = deepseek_reference("one")[:steps], deepseek_layouts(layout)
+    assert len(ours) == steps and ref[-1]["loss"] < ref[0]["loss"] - 0.15        # it learns (8.36 -> 8.16 in 6)
     # the MTP layer is the fifth MoE layer: megatron-core numbers it after the main four
     assert sorted(ours[0]["moe_layers"]) == ["2", "3", "4", "5"] and "mtp_loss" in ours[0]
     for r, q in zip(ref, ours, strict=True):
         assert abs(q["mtp_loss"] - r["mtp_loss"]) < (1e-5 if r["moe_layers"] == q["moe_layers"] else 1e-3)
     # measured over 20 steps: EP=2 routed alike at all (losses within 2.4e-7); TP=2 through step 19 (4.8e-7)
-    assert_equal_where_routed_alike(ours, ref, 1e-5, routed_alike_through=LAYOUT_STEPS - 2)
+    assert_equal_where_routed_alike(ours, ref, 1e-5, routed_alike_through=steps - 2)
 
 
 def ratio(record) -> float:
@@ -93,7 +97,7 @@ def test_the_ep2_checkpoint_exports_to_deepseek_v3_with_equal_logits(deepseek_la
 
     from tests.test_export import check_parity
     deepseek_layouts("ep2")
-    exported, _ = check_parity(deepseek_layouts.root / "ep2" / "checkpoints" / f"step_{LAYOUT_STEPS:08d}",
+    exported, _ = check_parity(deepseek_layouts.root / "ep2" / "checkpoints" / f"step_{LAYOUT_STEPS['ep2']:08d}",
                                tmp_path / "hf")
     hf = json.loads((exported / "config.json").read_text())
     assert hf["architectures"] == ["DeepseekV3ForCausalLM"] and hf["num_experts_per_tok"] == 4

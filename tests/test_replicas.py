@@ -1,6 +1,6 @@
 """Replicated parameters (pretrain/model/replicas.py): the split read as megatron-core records it, not from
 Transformer Engine's attributes alone, and a start-up check that every TP rank's copy of a replicated parameter is
-the same."""
+the same (by itself and at the megatron engine's start); grouped experts initialised as the sequential ones."""
 import pytest
 import torch
 from torch import nn
@@ -97,6 +97,38 @@ def test_a_duplicated_te_weight_initialises_whole_and_divergent_replicas_are_ref
         assert "chunk 1: decoder.layers.0.self_attention.linear_q_down_proj.weight (TP ranks [1]" in refused
 
 
+def _engine_start(rank, port, out, cfg):
+    """The megatron engine's start at TP=2 with one replicated weight made different on TP rank 1 right after its
+    initialisation (the one thing injected: no layer on CPU draws replicas apart by itself)."""
+    from pretrain.engines.megatron.engine import MegatronEngine
+    from pretrain.objectives.registry import objective_for
+    mh.init_ranks(rank, 2, port, tp=2)
+    objective = objective_for(cfg)
+    initialise = objective.prepare
+
+    def prepare(model, config, gather=None):
+        initialise(model, config, gather)
+        if rank == 1:
+            with torch.no_grad():
+                model.decoder.final_layernorm.weight[5] += 1e-6
+    objective.prepare = prepare
+    try:
+        MegatronEngine(cfg, objective)
+        out[rank] = "started"
+    except RuntimeError as refused:
+        out[rank] = str(refused)
+
+
+@pytest.mark.slow           # 2 spawned processes importing megatron-core
+@pytest.mark.beside_training
+def test_the_engine_refuses_to_start_when_tp_ranks_hold_different_copies_of_a_replicated_weight():
+    out = mh.spawn(_engine_start, mh.tiny_config(["parallel=tp2", "cluster.devices_per_node=2"]))
+    for rank in (0, 1):          # both ranks refuse (a rank that started alone would hang in its first collective)
+        assert out[rank].startswith("1 parameter(s) replicated over tensor parallelism differ between the TP ranks"), \
+            out[rank]
+        assert "decoder.final_layernorm.weight (TP ranks [1] differ from TP rank 0)" in out[rank]
+
+
 def test_grouped_experts_are_drawn_as_the_sequential_experts_of_their_global_index():
     """TE's grouped experts name one weight<i> per local expert (mlp.experts.linear_fc1.weight3): drawn as
     SequentialMLP's local_experts.i of the same global expert, so EP ranks draw different experts and grouped and
@@ -107,3 +139,71 @@ def test_grouped_experts_are_drawn_as_the_sequential_experts_of_their_global_ind
     assert grouped == global_name("decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight", 2, False, 4)
     assert global_name("decoder.layers.0.mlp.experts.linear_fc2.weight0", 0, False, 0) != \
         global_name("decoder.layers.0.mlp.experts.linear_fc2.weight0", 0, False, 2)          # another EP rank
+
+
+class GroupedLinear(nn.Module):
+    """A grouped expert linear as TE 2.11's GroupedLinear.reset_parameters leaves it: weight0..weight<n-1>, each
+    tensor_model_parallel=True, partition_dim 1 for 'row' else 0 (pytorch/module/grouped_linear.py:726-737).
+    megatron-core hands TE parallel_mode None under expert parallelism (explicit expert communication,
+    extensions/transformer_engine.py TEGroupedLinear), so both its wrappers' weights arrive marked dim 0."""
+
+    def __init__(self, shapes):
+        super().__init__()
+        self.parallel_mode = None
+        for i, shape in enumerate(shapes):
+            weight = nn.Parameter(torch.zeros(shape))
+            weight.tensor_model_parallel, weight.partition_dim, weight.partition_stride = True, 0, 1
+            self.register_parameter(f"weight{i}", weight)
+
+
+TEColumnParallelGroupedLinear = type("TEColumnParallelGroupedLinear", (GroupedLinear,), {})
+TERowParallelGroupedLinear = type("TERowParallelGroupedLinear", (GroupedLinear,), {})
+LAYERS = ["model.num_layers=2"]
+LAYER = 1                   # an MoE layer other than the first: its index is part of every expert's name
+
+
+def _grouped_experts(rank, port, out, sequential_cfg, grouped_cfg):
+    """megatron-core's SequentialMLP experts of moe-tiny at EP=1 (the real model), then TE-shaped grouped experts of
+    the same layer initialised at EP=2: each rank's weight<i> and the sequential experts."""
+    from megatron.core import parallel_state as ps
+
+    from pretrain.model.init import layout_invariant_init
+    mh.init_ranks(rank, 2, port, tp=1)
+    model, _ = mh.build_model(sequential_cfg)
+    experts = model.decoder.layers[LAYER].mlp.experts.local_experts
+    sequential = {fc: [getattr(e, fc).weight.detach().clone() for e in experts] for fc in ("linear_fc1", "linear_fc2")}
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=1, expert_model_parallel_size=2)
+    local = grouped_cfg.moe.num_experts // 2
+    grouped = nn.Module()
+    grouped.linear_fc1 = TEColumnParallelGroupedLinear([sequential["linear_fc1"][0].shape] * local)
+    grouped.linear_fc2 = TERowParallelGroupedLinear([sequential["linear_fc2"][0].shape] * local)
+    layers = nn.ModuleList([nn.Module() for _ in range(LAYER + 1)])
+    layers[LAYER].mlp = nn.Module()
+    layers[LAYER].mlp.experts = grouped
+    chunk = nn.Module()
+    chunk.decoder = nn.Module()
+    chunk.decoder.layers = layers
+    layout_invariant_init(grouped_cfg, chunk, 0)
+    out[rank] = {"sequential": sequential,
+                 "grouped": {fc: [getattr(getattr(grouped, fc), f"weight{i}").detach().clone() for i in range(local)]
+                             for fc in ("linear_fc1", "linear_fc2")}}
+
+
+@pytest.mark.slow           # 2 spawned processes importing megatron-core
+@pytest.mark.beside_training
+def test_grouped_experts_at_ep2_start_as_the_sequential_experts_and_each_rank_holds_its_own():
+    """moe.grouped_gemm builds TE's grouped experts (GPU only: megatron-core 0.16.1's other grouped MLP needs the
+    grouped_gemm CUDA package, and neither has a CPU path), so their initialisation is shown on TE-shaped modules:
+    EP rank r's weight<i> is SequentialMLP's expert r * local + i, drawn whole, fc1 and fc2 alike."""
+    sequential_cfg = mh.tiny_config(LAYERS + ["parallel=single", "cluster.devices_per_node=1"], "moe-tiny")
+    grouped_cfg = mh.tiny_config(LAYERS + ["parallel=ep2", "cluster.devices_per_node=2"], "moe-tiny")
+    out = mh.spawn(_grouped_experts, sequential_cfg, grouped_cfg)
+    local = grouped_cfg.moe.num_experts // 2
+    for fc in ("linear_fc1", "linear_fc2"):
+        assert torch.equal(out[0]["sequential"][fc][0], out[1]["sequential"][fc][0])        # one model at EP=1
+        for rank in (0, 1):
+            for i in range(local):
+                assert torch.equal(out[rank]["grouped"][fc][i], out[rank]["sequential"][fc][rank * local + i]), \
+                    (fc, rank, i)
+        assert not torch.equal(out[0]["grouped"][fc][0], out[1]["grouped"][fc][0])          # different experts

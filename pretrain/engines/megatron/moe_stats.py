@@ -108,12 +108,12 @@ class MoEStats:
             router.expert_bias.copy_(bias)
 
     def _bias_range(self, device) -> float:
-        """Equal on the ranks of a stage (every rank applies the same all-reduced update); the largest over stages."""
-        spread = torch.zeros(len(self.is_moe), dtype=torch.float64)
+        """Equal on the ranks of a stage (every rank applies the same all-reduced update); the largest over stages.
+        Each layer's spread is taken where its bias lies: one copy to the host, not one per router."""
+        spread = torch.zeros(len(self.is_moe), dtype=torch.float64, device=device)
         for router in self.biased:
-            bias = router.expert_bias.detach().double().cpu()
-            spread[router.layer_number - 1] = bias.max() - bias.min()
-        spread = spread.to(device)
+            bias = router.expert_bias.detach().double()
+            spread[router.layer_number - 1] = (bias.max() - bias.min()).to(device)
         dist.all_reduce(spread, op=dist.ReduceOp.MAX, group=self.ps.get_pipeline_model_parallel_group())
         return float(spread.max())
 
