@@ -79,16 +79,16 @@ def indexed_texts(prefixes: Sequence[str], decode: Callable[[List[int]], str], e
                   parts: int = 1) -> Iterable[str]:
     """The documents of the indexed datasets, decoded (the EOD left out): all of them, or the `part`-th of `parts`
     contiguous runs of them (in prefix order; the runs differ in length by one document at most)."""
-    from .indexed_io import read_index
-    indexes = [read_index(f"{prefix}.idx") for prefix in prefixes]
-    total = sum(len(lengths) for _, lengths, _ in indexes)
-    first, end = total * part // parts, total * (part + 1) // parts
+    from .indexed_io import read_index, sequence_count
+    counts = [sequence_count(f"{prefix}.idx") for prefix in prefixes]
+    first, end = sum(counts) * part // parts, sum(counts) * (part + 1) // parts
     before = 0                                   # documents of the prefixes before this one
-    for prefix, (dtype, lengths, _) in zip(prefixes, indexes, strict=True):
-        lo, hi = max(first - before, 0), min(end - before, len(lengths))
-        before += len(lengths)
+    for prefix, count in zip(prefixes, counts, strict=True):
+        lo, hi = max(first - before, 0), min(end - before, count)
+        before += count
         if lo >= hi:
             continue
+        dtype, lengths, _ = read_index(f"{prefix}.idx")      # only the prefixes this part reads
         tokens = np.memmap(f"{prefix}.bin", dtype=dtype, mode="r")
         at = int(lengths[:lo].sum(dtype=np.int64))
         for n in lengths[lo:hi].tolist():

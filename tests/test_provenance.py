@@ -245,6 +245,18 @@ def test_a_changed_train_split_or_task_is_checked_again(built, tmp_path):
     assert len(list((tmp_path / "cache" / "contamination").glob("planted-*.json"))) == 3
 
 
+def test_the_ranks_parts_of_the_documents_are_the_whole_in_order(built):
+    """indexed_texts' contiguous parts across several prefixes (and more parts than documents), joined, are every
+    document once in order: what the ranks' check decodes between them."""
+    from preprocessing.contamination import indexed_texts
+    out = built[0] / "out"
+    prefixes = [str(out / f"{split}_text_document") for split in ("valid", "train", "test")]
+    whole = list(indexed_texts(prefixes, tuple, 0))
+    assert len(whole) == sum(len(read_index(f"{p}.idx")[1]) for p in prefixes)
+    for parts in (2, 3, 7, len(whole) + 3):
+        assert [d for part in range(parts) for d in indexed_texts(prefixes, tuple, 0, part, parts)] == whole
+
+
 def excluded_on_a_rank(rank, port, out, built, cache):
     """(tests/rank_pool.py task) Both planted tasks' excluded items from a 2-rank gloo group, twice, and how many
     documents this rank decoded each time."""
