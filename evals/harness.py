@@ -86,8 +86,8 @@ def clean_subset(cfg, hf_dir: Path, task: str, samples: List[dict], metrics: Dic
     per_item = {m: [float(x[m]) for x in samples] for m in metrics
                 if "stderr" not in m and all(isinstance(x.get(m), (int, float)) for x in samples)}
     decode = AutoTokenizer.from_pretrained(str(hf_dir)).decode
-    excluded = excluded_items(cfg, task, [x["doc"] for x in samples], decode,
-                              run_tokenizer(cfg, "make eval's contamination check").eod)
+    excluded = excluded_items(cfg, {task: [x["doc"] for x in samples]}, decode,
+                              run_tokenizer(cfg, "make eval's contamination check").eod)[task]
     return clean_scores(per_item, excluded)
 
 

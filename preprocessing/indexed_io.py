@@ -59,6 +59,13 @@ def read_index(path: Path | str) -> Tuple[np.dtype, np.ndarray, np.ndarray]:
     return dtype, lengths, docs
 
 
+def sequence_count(path: Path | str) -> int:
+    """The sequences an .idx holds, from its header alone (read_index reads the whole file)."""
+    with open(path, "rb") as f:
+        head = f.read(len(HEADER) + struct.calcsize("<QBQQ"))
+    return struct.unpack("<QBQQ", head[len(HEADER):])[2]
+
+
 def pair_problem(prefix: Path | str) -> Optional[str]:
     """Why `prefix`.idx does not describe `prefix`.bin, or None. A crash between the two renames of a rewrite
     leaves a new .bin beside an old .idx (or the reverse), which megatron-core would read without a word: the

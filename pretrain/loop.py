@@ -269,6 +269,12 @@ class Trainer:
         return True
 
     def _validate_and_save(self, final: bool) -> bool:
+        """`_evaluate_then_save` under the start-up collective timeout: a save or an evaluation may hold a
+        collective longer than a step may (stability/timeouts.py)."""
+        with self.collective_timeout.relaxed():
+            return self._evaluate_then_save(final)
+
+    def _evaluate_then_save(self, final: bool) -> bool:
         """This step's validation (eval.eval_interval; always at the end) and then its save
         (checkpoint.save_interval; save_final), so a checkpoint records the loss measured on its own
         weights. Non-finite validation or weights roll back instead (False)."""
@@ -332,10 +338,11 @@ class Trainer:
             while not self._validate_and_save(final=True):     # rolled back: train up to the end again
                 hooks.progress()
                 self._steps(rank)
-            self.engine.finalize_saves(blocking=True)
-            hooks.progress()
-            if cfg.eval.final_test:
-                self.evaluate("test")
+            with self.collective_timeout.relaxed():        # the last save's wait and the test split
+                self.engine.finalize_saves(blocking=True)
+                hooks.progress()
+                if cfg.eval.final_test:
+                    self.evaluate("test")
         finally:
             hooks.close()                    # also when the policy stops the run (RunStopped) or a signal came
             self.preemption.restore()
@@ -401,8 +408,9 @@ class Trainer:
     def _save_and_leave(self) -> None:
         """A rank got SIGUSR1/SIGTERM (stability/preemption.py): checkpoint this step, exit for requeue."""
         st = self.state
-        saved = self.saved_step == st.step or self.save()       # False: refused, a weight is non-finite
-        self.engine.finalize_saves(blocking=True)
+        with self.collective_timeout.relaxed():
+            saved = self.saved_step == st.step or self.save()       # False: refused, a weight is non-finite
+            self.engine.finalize_saves(blocking=True)
         self.hooks.progress()
         self.metrics.event({"kind": "preempted", "step": st.step, "signal": self.preemption.received, "saved": saved})
         if saved:

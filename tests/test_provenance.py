@@ -161,14 +161,12 @@ def test_a_steps_samples_map_to_their_documents_tokens_and_lines(built):
     assert ranked[0]["loss"] > 1.0 and all(r["loss"] in (1.0, None) for r in ranked[1:])
 
 
-def test_planted_contaminated_items_are_exactly_the_excluded_ones(built):
-    """Eval items that copy 13 words of a training document (or a whole 8..12-word text of one) are excluded, and
-    only they; the clean score is the mean over the rest; the cached answer is reused; mock data excludes none."""
+def planted(built):
+    """The tokenizer, a gpt-tiny job over the `built` blend (data cache under `cache`), and five eval items: 0 copies
+    13 words of a training document, 2 has a 10-word choice of one; 1, 3 (valid/test text) and 4 (12 words) don't."""
     from pretrain.config.compose import load_recipe
-    from pretrain.observability.contamination import clean_scores, excluded_items
     root, src, records = built
     out = root / "out"
-    tok = load_tokenizer("hf", out / "tokenizer")
     _, prov, _ = split_documents(out, "train")
     train_words = records[prov.entry(5)["line"]]["text"].split()
     heldout = [r["text"] for r in records.values() if r["id"] not in {prov.record_id(i) for i in range(len(prov))}]
@@ -177,19 +175,116 @@ def test_planted_contaminated_items_are_exactly_the_excluded_ones(built):
             {"input": "q", "choices": ["first", " ".join(train_words[40:50])], "gold": 0},     # a 10-word choice
             {"input": " ".join(heldout[0].split()[:30]), "choices": ["x", "y"], "gold": 0},   # valid/test text only
             {"input": " ".join(train_words[20:32]) + " and then something else", "choices": ["p"], "gold": 0}]
-    job = load_recipe("gpt-tiny", [f"data.blend={out / 'blend.json'}", f"data.tokenizer.path={out / 'tokenizer'}",
-                                   f"data.cache_dir={root / 'cache'}", "schedule.train_iters=2"])
-    excluded = excluded_items(job, "planted", docs, tok.decode, tok.eod)
+
+    def job(blend=out / "blend.json", cache=root / "cache"):
+        return load_recipe("gpt-tiny", [f"data.blend={blend}", f"data.tokenizer.path={out / 'tokenizer'}",
+                                        f"data.cache_dir={cache}", "schedule.train_iters=2"])
+    return load_tokenizer("hf", out / "tokenizer"), job, docs
+
+
+class CountingDecode:
+    """The tokenizer's decode, counting the documents it decoded."""
+
+    def __init__(self, tok):
+        self.tok, self.calls = tok, 0
+
+    def __call__(self, ids):
+        self.calls += 1
+        return self.tok.decode(ids)
+
+
+def test_planted_contaminated_items_are_exactly_the_excluded_ones(built):
+    """Eval items that copy 13 words of a training document (or a whole 8..12-word text of one) are excluded, and
+    only they; the clean score is the mean over the rest; the cached answer is reused; mock data excludes none."""
+    from pretrain.config.compose import load_recipe
+    from pretrain.observability.contamination import clean_scores, excluded_items
+    root = built[0]
+    tok, make_job, docs = planted(built)
+    job = make_job()
+    excluded = excluded_items(job, {"planted": docs}, tok.decode, tok.eod)["planted"]
     assert excluded == [0, 2]            # item 4 shares 12 words only; item 3 is held-out text
     cache = list((root / "cache" / "contamination").glob("planted-*.json"))
     assert len(cache) == 1 and json.loads(cache[0].read_text())["excluded"] == [0, 2]
-    assert excluded_items(job, "planted", docs, lambda ids: 1 / 0, tok.eod) == [0, 2]      # read from the cache
+    assert excluded_items(job, {"planted": docs}, lambda ids: 1 / 0, tok.eod) == {"planted": [0, 2]}   # the record
     scores = clean_scores({"acc": [1.0, 0.0, 1.0, 1.0, 0.0]}, excluded)
     assert scores == {"acc_clean": pytest.approx(1 / 3), "excluded": 2}
     mock = load_recipe("gpt-tiny", ["data.mock=true"])
-    assert excluded_items(mock, "planted", docs, tok.decode, tok.eod) == []
+    assert excluded_items(mock, {"planted": docs}, tok.decode, tok.eod) == {"planted": []}
     clean = [d for i, d in enumerate(docs) if i not in excluded]
-    assert excluded_items(job, "clean", clean, tok.decode, tok.eod) == []
+    assert excluded_items(job, {"clean": clean}, tok.decode, tok.eod) == {"clean": []}
+
+
+def test_a_changed_train_split_or_task_is_checked_again(built, tmp_path):
+    """The record is keyed by the train .idx digests and the task's items: new items, or other bytes under the
+    same train prefix, decode the split again; unchanged ones decode nothing."""
+    import shutil
+
+    from preprocessing.blend import write_blend
+    from pretrain.observability.contamination import excluded_items
+    out = built[0] / "out"
+    tok, make_job, docs = planted(built)
+    data = tmp_path / "data"
+    data.mkdir()
+    for ext in ("bin", "idx"):
+        shutil.copy(out / f"train_text_document.{ext}", data / f"train_text_document.{ext}")
+    blend = write_blend(tmp_path / "blend.json", {s: [(1.0, str(data / "train_text_document"))]
+                                                  for s in ("train", "valid", "test")})
+    job, documents = make_job(blend, tmp_path / "cache"), len(read_index(data / "train_text_document.idx")[1])
+    decode = CountingDecode(tok)
+    assert excluded_items(job, {"planted": docs}, decode, tok.eod) == {"planted": [0, 2]}
+    assert decode.calls == documents
+    assert excluded_items(job, {"planted": docs}, decode, tok.eod) == {"planted": [0, 2]}
+    assert decode.calls == documents                                       # recorded: nothing decoded
+    assert excluded_items(job, {"planted": docs[2:]}, decode, tok.eod) == {"planted": [0]}     # other items
+    assert decode.calls == 2 * documents
+    for ext in ("bin", "idx"):                 # the same train prefix now holds the valid split's documents
+        shutil.copy(out / f"valid_text_document.{ext}", data / f"train_text_document.{ext}")
+    valid_documents = len(read_index(data / "train_text_document.idx")[1])
+    assert excluded_items(job, {"planted": docs}, decode, tok.eod) == {"planted": []}
+    assert decode.calls == 2 * documents + valid_documents
+    assert len(list((tmp_path / "cache" / "contamination").glob("planted-*.json"))) == 3
+
+
+def test_the_ranks_parts_of_the_documents_are_the_whole_in_order(built):
+    """indexed_texts' contiguous parts across several prefixes (and more parts than documents), joined, are every
+    document once in order: what the ranks' check decodes between them."""
+    from preprocessing.contamination import indexed_texts
+    out = built[0] / "out"
+    prefixes = [str(out / f"{split}_text_document") for split in ("valid", "train", "test")]
+    whole = list(indexed_texts(prefixes, tuple, 0))
+    assert len(whole) == sum(len(read_index(f"{p}.idx")[1]) for p in prefixes)
+    for parts in (2, 3, 7, len(whole) + 3):
+        assert [d for part in range(parts) for d in indexed_texts(prefixes, tuple, 0, part, parts)] == whole
+
+
+def excluded_on_a_rank(rank, port, out, built, cache):
+    """(tests/rank_pool.py task) Both planted tasks' excluded items from a 2-rank gloo group, twice, and how many
+    documents this rank decoded each time."""
+    import torch.distributed as dist
+
+    from pretrain.observability.contamination import excluded_items
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    tok, make_job, docs = planted(built)
+    job, decode = make_job(cache=cache), CountingDecode(tok)
+    tasks = {"planted": docs, "clean": docs[1:2]}
+    mine = out[rank] = {"first": excluded_items(job, tasks, decode, tok.eod), "decoded": decode.calls}
+    mine.update(again=excluded_items(job, tasks, decode, tok.eod), decoded_again=decode.calls - mine["decoded"])
+
+
+def test_two_ranks_decode_the_train_split_once_between_them_and_agree(built, tmp_path):
+    """The in-loop eval's check on 2 gloo ranks: each decodes its own half of the train documents (together each
+    document exactly once, both tasks in one pass), both get the single process's answer, rank 0 records it; a
+    second evaluation decodes nothing."""
+    from tests.megatron_harness import spawn
+    ranks = spawn(excluded_on_a_rank, built, tmp_path / "cache")
+    assert sorted(ranks) == [0, 1]
+    documents = len(read_index(built[0] / "out" / "train_text_document.idx")[1])
+    assert [r["first"] for r in ranks.values()] == [{"planted": [0, 2], "clean": []}] * 2
+    assert [r["again"] for r in ranks.values()] == [{"planted": [0, 2], "clean": []}] * 2
+    assert sorted(r["decoded"] for r in ranks.values()) == [documents // 2, documents - documents // 2]
+    assert [r["decoded_again"] for r in ranks.values()] == [0, 0]
+    assert len(list((tmp_path / "cache" / "contamination").glob("*.json"))) == 2
 
 
 def test_data_quarantine_masks_the_named_documents_loss_in_every_sample(built, tmp_path):

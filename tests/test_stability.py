@@ -341,3 +341,43 @@ def test_the_step_timeout_reaches_every_process_group_after_the_first_step(singl
         set_collective_timeout(30)
     with pytest.raises(ValueError, match=r"stability.step_timeout_minutes=-1.0 must be >= 0"):
         load_recipe("gpt-tiny", ["stability.step_timeout_minutes=-1"])
+
+
+def a_late_rank_inside_and_outside_relaxed(rank, port, out):
+    """(tests/rank_pool.py task) A 0.5 s step timeout; rank 1 comes 2.5 s late to a barrier, once inside
+    `relaxed()` (a save's or an evaluation's section, start-up timeout 1 min), once after it."""
+    import torch.distributed as dist
+
+    from pretrain.stability.timeouts import CollectiveTimeout, set_collective_timeout
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    group = dist.new_group([0, 1], backend="gloo")      # broken by the timeout below, not the pool's own group
+    hook, mine = CollectiveTimeout(1.0, 0.5 / 60), out.setdefault(rank, {})
+    try:
+        hook.stepped(1)
+        for section in ("inside", "outside"):
+            if rank == 1:
+                time.sleep(2.5)
+            try:
+                if section == "inside":
+                    with hook.relaxed():
+                        dist.barrier(group=group)
+                else:
+                    dist.barrier(group=group)
+                mine[section] = "passed"
+            except RuntimeError:
+                mine[section] = "raised"
+        mine["short_again"] = hook.short
+    finally:
+        set_collective_timeout(30)
+        dist.destroy_process_group(group)
+
+
+def test_a_save_or_eval_section_outlasts_the_step_timeout_that_fails_outside_it():
+    """2 gloo ranks: a collective that waits 2.5 s for a late peer survives inside `CollectiveTimeout.relaxed()`
+    and raises after it, where the 0.5 s step timeout is back."""
+    from tests.megatron_harness import spawn
+    ranks = spawn(a_late_rank_inside_and_outside_relaxed)
+    assert ranks[0] == {"inside": "passed", "outside": "raised", "short_again": True}
+    assert ranks[1]["inside"] == "passed"
+

@@ -173,7 +173,8 @@ class DownstreamEvals:
         self.vocab_size = enc.vocab_size
         reqs = requests_of(self.tasks, enc, self.cfg.derived.max_position_embeddings)
         eod = run_tokenizer(self.cfg, "eval.downstream_tasks").eod
-        self.excluded = [excluded_items(self.cfg, t.name, t.docs, enc.tok.decode, eod) for t in self.tasks]
+        found = excluded_items(self.cfg, {t.name: t.docs for t in self.tasks}, enc.tok.decode, eod)   # all ranks
+        self.excluded = [found[t.name] for t in self.tasks]
         self.requests = sorted(reqs, key=lambda r: -len(r.tokens))     # like lengths share a micro-batch
 
     def _batches(self, mine: List[int], rows: int) -> List[tuple[List[int], dict]]:

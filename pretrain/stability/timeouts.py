@@ -6,12 +6,16 @@ they run under `stability.distributed_timeout_minutes`. After the first step a c
 long means a rank is gone or hung: `stability.step_timeout_minutes` then applies to every process group of
 this process (the default one and every subgroup megatron-core or DeepSpeed made), so NCCL (or gloo) aborts
 the step well before the watchdog, and the job requeues. A rollback, whose checkpoint scan is start-up-like
-work again, runs under the long timeout until the next step.
+work again, runs under the long timeout until the next step. Saves and evaluations (validation, the in-loop
+downstream evals and their first contamination check, the final test) can legitimately hold a collective longer
+than a step (one rank writing a large shard, or a slow rank's part of a scan, while the others wait): the loop runs
+them inside `relaxed()`, under the start-up timeout, and the short one is back after them.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import List
+from typing import Iterator, List
 
 import torch.distributed as dist
 
@@ -49,7 +53,19 @@ class CollectiveTimeout(LoopHook):
             self.short = True
 
     def relax(self) -> None:
-        """Back to the start-up timeout (before a rollback's checkpoint scan and load)."""
+        """Back to the start-up timeout (before a rollback's checkpoint scan and load) until the next step."""
         if self.short:
             set_collective_timeout(self.startup_minutes)
             self.short = False
+
+    @contextmanager
+    def relaxed(self) -> Iterator[None]:
+        """The start-up timeout inside (a save, an evaluation), the short one again after it where it was set."""
+        was_short = self.short
+        self.relax()
+        try:
+            yield
+        finally:
+            if was_short and not self.short:
+                set_collective_timeout(self.step_minutes)
+                self.short = True
