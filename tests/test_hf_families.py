@@ -302,3 +302,36 @@ def test_gpt_oss_clamped_glu_is_megatron_cores_mlp_with_offset_and_clamp(single_
     assert (gate == 7.0).any() and (up.abs() == 7.0).any()          # the clamps bite
     assert (mine + bias - (theirs + mlp.linear_fc2.bias)).abs().max().item() < 1e-4
     assert "learnable" in get_args(TransformerConfig.__dataclass_fields__["softmax_type"].type)     # attention sinks
+
+
+def test_gpt_oss_yarn_is_megatron_cores_yarn_unrounded(single_rank_megatron):
+    """gpt-oss's RoPE (transformers' GptOssRotaryEmbedding: YaRN, factor 32 over 4096 positions, theta 150000,
+    truncate=false, cos/sin scaled by 0.1 ln 32 + 1) is megatron-core's YarnRotaryEmbedding with
+    correction_range_round_to_int=false and SelfAttention's concentration factor, at 8192 positions; megatron-core's
+    default rounding is another function."""
+    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb as megatron_rope
+    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
+        YarnRotaryEmbedding, _yarn_get_concentration_factor_from_config)
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding, apply_rotary_pos_emb
+
+    from pretrain.engines import cpu_compat
+    cpu_compat.apply()
+    p, n = GptOssConfig().rope_parameters, 8192
+    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=1, use_cpu_initialization=True)
+    # GPTModel and SelfAttention read these as attributes Megatron-LM sets; TransformerConfig 0.16.1 declares none
+    config.yarn_rotary_scaling_factor, config.yarn_mscale, config.yarn_mscale_all_dim = p["factor"], None, None
+    q = torch.randn(n, 1, 1, 64, generator=torch.Generator().manual_seed(0))
+    cos, sin = GptOssRotaryEmbedding(GptOssConfig(head_dim=64))(q, torch.arange(n).unsqueeze(0))
+    theirs = apply_rotary_pos_emb(q.permute(1, 2, 0, 3), q.permute(1, 2, 0, 3), cos, sin)[0].permute(2, 0, 1, 3)
+    mine = {}
+    for rounded in (False, True):
+        rope = YarnRotaryEmbedding(64, rotary_base=p["rope_theta"], scaling_factor=p["factor"],
+                                   original_max_position_embeddings=p["original_max_position_embeddings"],
+                                   beta_fast=p["beta_fast"], beta_slow=p["beta_slow"],
+                                   correction_range_round_to_int=rounded, use_cpu_initialization=True)
+        mine[rounded] = megatron_rope(q, rope(n)[0], config=config,
+                                      mscale=_yarn_get_concentration_factor_from_config(config))
+    assert p["truncate"] is False and abs(_yarn_get_concentration_factor_from_config(config) - 1.3466) < 1e-4
+    assert (mine[False] - theirs).abs().max().item() < 1e-5 and (mine[True] - theirs).abs().max().item() > 1
