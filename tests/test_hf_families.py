@@ -311,7 +311,9 @@ def test_gpt_oss_yarn_is_megatron_cores_yarn_unrounded(single_rank_megatron):
     default rounding is another function."""
     from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb as megatron_rope
     from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
-        YarnRotaryEmbedding, _yarn_get_concentration_factor_from_config)
+        YarnRotaryEmbedding,
+        _yarn_get_concentration_factor_from_config,
+    )
     from megatron.core.transformer.transformer_config import TransformerConfig
     from transformers import GptOssConfig
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding, apply_rotary_pos_emb
