@@ -5,7 +5,8 @@ init, so a misplaced one shows) imports through `make import-hf`'s code with log
 1e-4 in fp32, exports back through `make export`'s code to the same tensors, trains 10 steps in this process from the
 import (continued pretraining, falling loss; the TRAINED families: all), and the trained checkpoint
 exports to logits within 1e-4 of the trained model's own. Config fields a family cannot map are refused by name
-(each one tried)."""
+(each one tried). Megatron-BERT trains on the demo sentences with their WordPiece (the demo_data fixture builds them;
+the masked-LM objective reads sentence pairs, not mock tokens) and compares both heads: the LM's and the pair's."""
 import json
 from pathlib import Path
 
@@ -29,7 +30,11 @@ FAMILIES = {
     "qwen3": ("qwen3-tiny", []),
     "qwen3_moe": ("qwen3-moe-tiny", []),
     "deepseek_v3": ("deepseek-tiny", ["model.num_layers=3", "model.mtp_num_layers=0"]),
+    "megatron_bert": ("bert-tiny", ["model.num_layers=2"]),
 }
+# the families that train on data/demo/wordpiece-sentences with its tokenizer (4096 ids) instead of mock data
+SENTENCES = {"megatron_bert": ["cluster.devices_per_node=1", "model.seq_length=64", "batch.global_batch_size=8",
+                               "stability.watchdog_minutes=0"]}
 # the families whose import also trains 10 steps here (continued pretraining, then export of the trained run): all of
 # them, ~4 s of CPU each on top of the import/export (deepseek_v3 the most); narrow this to cut make test's time
 TRAINED = tuple(FAMILIES)
@@ -56,14 +61,49 @@ def tokenizer(tmp_path_factory):
 
 def recipe_of(family: str, tokenizer=None, extra=()):
     recipe, overrides = FAMILIES[family]
+    if family in SENTENCES:
+        return load_recipe(recipe, [*SENTENCES[family], *overrides, *extra])
     return load_recipe(recipe, [*SMALL, *overrides, *extra] + ([f"data.tokenizer.path={tokenizer}"] if tokenizer
                                                                else []))
+
+
+def run_hf(hf, ids, types):
+    """transformers' outputs: the logits, and for Megatron-BERT's pre-training model the pair head's too."""
+    with torch.no_grad():
+        if not type(hf).__name__.startswith("MegatronBert"):
+            return [hf(ids).logits.float()]
+        out = hf(input_ids=ids, token_type_ids=types)
+        return [out.prediction_logits, out.seq_relationship_logits] if hasattr(out, "prediction_logits") else [
+            out.logits]
+
+
+def run_ours(state, cfg, ids, types):
+    """Our model holding `state` (TP=1, fp32): its logits cut to the HF vocab, and BERT's pair head's."""
+    from tests.test_export import our_logits, ours
+    vocab = cfg.model.vocab_size
+    if cfg.model.arch != "bert":
+        return [our_logits(ours(state, cfg), ids)[..., :vocab]]
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from pretrain.engines import cpu_compat
+    from pretrain.hf.convert import single_process
+    from pretrain.model.bert import build_bert_model, local_spec_config
+    cpu_compat.apply()
+    model_parallel_cuda_manual_seed(cfg.seed)
+    single = single_process(cfg)
+    model = build_bert_model(single, local_spec_config(single, on_gpu=False)).eval()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing)
+    binary = cfg.objective.masked_lm.binary_head is not None
+    with torch.no_grad():           # no padding: megatron-core masks pad queries too, transformers only pad keys
+        logits, pair = model(ids, torch.ones_like(ids), tokentype_ids=types if binary else None)
+    return [logits[..., :vocab].float()] + ([pair.float()] if binary else [])
 
 
 def random_hf_model(cfg, exporter):
     """transformers' own model of the family's config, random, with norms, biases and expert biases moved off."""
     import transformers
-    config = exporter.hf_config(cfg, VOCAB, bos=0, eos=0)
+    config = exporter.hf_config(cfg, cfg.model.vocab_size, bos=0, eos=0)
     config.initializer_range = 0.08              # attention sharp enough for positions and norms to show
     torch.manual_seed(0)
     model = getattr(transformers, exporter.architecture(cfg))(config)
@@ -78,41 +118,45 @@ def random_hf_model(cfg, exporter):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_random_hf_model_imports_and_exports_with_transformers_logits(family, single_rank_megatron, tokenizer,
-                                                                       tmp_path):
+                                                                       tmp_path, request):
     from safetensors.torch import load_file
 
     from pretrain.checkpoint.store import resolve
     from pretrain.hf.convert import export, import_hf, mapping, model_state
-    from tests.test_export import our_logits, ours
+    if family in SENTENCES:
+        request.getfixturevalue("demo_data")
+        tokenizer = None                         # the recipe's own (the sentences' WordPiece)
     cfg = recipe_of(family, tokenizer)
     exporter = mapping(cfg)
     assert exporter.name == family and exporter.unsupported(cfg) == []
     hf = random_hf_model(cfg, exporter)
     hf.save_pretrained(str(tmp_path / "hf"))
-    ids = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        theirs = hf(ids).logits.float()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 48), generator=g)
+    types = (torch.arange(48) >= torch.randint(8, 40, (2, 1), generator=g)).long()      # BERT's: two segments
+    theirs = run_hf(hf, ids, types)
     ckpt = import_hf(tmp_path / "hf", cfg, tmp_path / "imported")
-    mine = our_logits(ours(model_state(resolve(ckpt), cfg), cfg), ids)[..., :VOCAB]
-    assert (mine - theirs).abs().max().item() < 1e-4 and theirs.std().item() > 0.1
+    mine = run_ours(model_state(resolve(ckpt), cfg), cfg, ids, types)
+    assert len(mine) == len(theirs) == (2 if exporter.architecture(cfg) == "MegatronBertForPreTraining" else 1)
+    assert all((a - b).abs().max().item() < 1e-4 for a, b in zip(mine, theirs, strict=True))
+    assert theirs[0].std().item() > 0.1
 
-    out = export(ckpt, tmp_path / "out", str(tokenizer))
+    out = export(ckpt, tmp_path / "out", str(tokenizer) if tokenizer else None)
     first, again = load_file(tmp_path / "hf" / "model.safetensors"), load_file(out / "model.safetensors")
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
     assert json.loads((out / "config.json").read_text())["architectures"] == [exporter.architecture(cfg)]
     if family in TRAINED:
-        trains_and_exports(family, tokenizer, tmp_path, ids, theirs)
+        trains_and_exports(family, tokenizer, tmp_path, ids, types, theirs)
 
 
-def trains_and_exports(family, tokenizer, tmp_path, ids, imported_logits):
+def trains_and_exports(family, tokenizer, tmp_path, ids, types, imported):
     """Continued pretraining from the import: 10 steps in this process with falling loss, then the trained
     checkpoint exports to logits within 1e-4 of the trained model's own."""
-    from transformers import AutoModelForCausalLM
+    import transformers
 
     from pretrain.checkpoint.store import resolve
-    from pretrain.hf.convert import export, model_state
+    from pretrain.hf.convert import architecture, export, model_state
     from pretrain.train import trainer_for
-    from tests.test_export import our_logits, ours
     from tests.training import records
     run = tmp_path / "run"
     job = recipe_of(family, tokenizer, ["schedule.train_iters=10", "schedule.lr_warmup=2", "logging.log_interval=1",
@@ -124,12 +168,11 @@ def trains_and_exports(family, tokenizer, tmp_path, ids, imported_logits):
     assert len(losses) == 10 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.1, losses
     trained = resolve(run / "checkpoints")
     assert trained.meta["step"] == 10
-    mine = our_logits(ours(model_state(trained, job), job), ids)[..., :VOCAB]
-    assert (mine - imported_logits).abs().max().item() > 1e-3          # training moved it
-    back = AutoModelForCausalLM.from_pretrained(str(export(trained.path, tmp_path / "trained-hf")),
-                                                dtype=torch.float32).eval()
-    with torch.no_grad():
-        assert (back(ids).logits.float() - mine).abs().max().item() < 1e-4
+    mine = run_ours(model_state(trained, job), job, ids, types)
+    assert (mine[0] - imported[0]).abs().max().item() > 1e-3          # training moved it
+    exported = export(trained.path, tmp_path / "trained-hf")
+    back = getattr(transformers, architecture(job)).from_pretrained(str(exported), dtype=torch.float32).eval()
+    assert all((a - b).abs().max().item() < 1e-4 for a, b in zip(run_hf(back, ids, types), mine, strict=True))
 
 
 # family, a field of its HF config set to what no recipe of it computes, the words the refusal must hold
@@ -156,6 +199,11 @@ REFUSALS = [
      "rope_parameters.rope_type='yarn'"),
     ("deepseek_v3", {"n_group": 8}, "n_group=8, the recipe's 4 (moe.num_groups)"),
     ("deepseek_v3", {"routed_scaling_factor": 1.0}, "routed_scaling_factor=1.0, the recipe's 2.5"),
+    ("megatron_bert", {"architectures": ["MegatronBertForMaskedLM"]}, "Fix: objective.masked_lm.binary_head=null"),
+    ("megatron_bert", {"hidden_act": "gelu_new"}, "hidden_act=gelu_new: megatron-core's GELU here is the exact"),
+    ("megatron_bert", {"position_embedding_type": "relative_key"}, "position_embedding_type=relative_key"),
+    ("megatron_bert", {"type_vocab_size": 3}, "type_vocab_size=3"),
+    ("megatron_bert", {"layer_norm_eps": 1e-6}, "Fix: model.layernorm_epsilon=1e-06"),
 ]
 
 
@@ -164,7 +212,7 @@ def test_what_a_family_cannot_map_is_refused_by_name(family, fields, named):
     from pretrain.hf.convert import mapping
     cfg = recipe_of(family)
     exporter = mapping(cfg)
-    config = exporter.hf_config(cfg, VOCAB, bos=0, eos=0)
+    config = exporter.hf_config(cfg, cfg.model.vocab_size, bos=0, eos=0)
     assert exporter.mismatch(config, cfg) == ""
     for field, value in fields.items():
         setattr(config, field, value)
@@ -185,6 +233,24 @@ def test_a_deepseek_v3_import_refuses_mtp_and_a_correction_bias_the_recipe_lacks
     zero = {k: (torch.zeros_like(v) if k.endswith("correction_bias") else v) for k, v in hf.items()}
     ours = mapping(cfg).from_hf(zero, unbiased)
     assert not any("expert_bias" in k for k in ours) and len(ours) == len(mapping(cfg).from_hf(hf, cfg)) - 2
+
+
+def test_a_bert_import_without_the_pair_head_refuses_token_types_it_has_no_table_for():
+    """binary_head=null builds no token-type table (MegatronBertForMaskedLM's one row is added to every position by
+    transformers): a zero row imports, any other is refused with the fix."""
+    from pretrain.hf.convert import mapping
+    cfg = recipe_of("megatron_bert", extra=["objective.masked_lm.binary_head=null"])
+    hf = random_hf_model(cfg, mapping(cfg)).state_dict()
+    assert mapping(cfg).architecture(cfg) == "MegatronBertForMaskedLM" and hf[TYPES].abs().max() > 0
+    with pytest.raises(ValueError, match=r"token_type_embeddings.weight holds token types, the recipe has none .* "
+                                         r"Fix: objective.masked_lm.binary_head=nsp"):
+        mapping(cfg).from_hf(hf, cfg)
+    ours = mapping(cfg).from_hf({**hf, TYPES: torch.zeros_like(hf[TYPES])}, cfg)
+    assert "embedding.tokentype_embeddings.weight" not in ours and "pooler.dense.weight" not in ours
+    assert torch.equal(mapping(cfg).to_hf(ours, cfg, cfg.model.vocab_size)[TYPES], torch.zeros_like(hf[TYPES]))
+
+
+TYPES = "bert.embeddings.token_type_embeddings.weight"
 
 
 def test_what_docs_say_megatron_core_lacks_for_olmo2_and_gemma3_it_lacks():
@@ -236,3 +302,38 @@ def test_gpt_oss_clamped_glu_is_megatron_cores_mlp_with_offset_and_clamp(single_
     assert (gate == 7.0).any() and (up.abs() == 7.0).any()          # the clamps bite
     assert (mine + bias - (theirs + mlp.linear_fc2.bias)).abs().max().item() < 1e-4
     assert "learnable" in get_args(TransformerConfig.__dataclass_fields__["softmax_type"].type)     # attention sinks
+
+
+def test_gpt_oss_yarn_is_megatron_cores_yarn_unrounded(single_rank_megatron):
+    """gpt-oss's RoPE (transformers' GptOssRotaryEmbedding: YaRN, factor 32 over 4096 positions, theta 150000,
+    truncate=false, cos/sin scaled by 0.1 ln 32 + 1) is megatron-core's YarnRotaryEmbedding with
+    correction_range_round_to_int=false and SelfAttention's concentration factor, at 8192 positions; megatron-core's
+    default rounding is another function."""
+    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb as megatron_rope
+    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
+        YarnRotaryEmbedding,
+        _yarn_get_concentration_factor_from_config,
+    )
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding, apply_rotary_pos_emb
+
+    from pretrain.engines import cpu_compat
+    cpu_compat.apply()
+    p, n = GptOssConfig().rope_parameters, 8192
+    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=1, use_cpu_initialization=True)
+    # GPTModel and SelfAttention read these as attributes Megatron-LM sets; TransformerConfig 0.16.1 declares none
+    config.yarn_rotary_scaling_factor, config.yarn_mscale, config.yarn_mscale_all_dim = p["factor"], None, None
+    q = torch.randn(n, 1, 1, 64, generator=torch.Generator().manual_seed(0))
+    cos, sin = GptOssRotaryEmbedding(GptOssConfig(head_dim=64))(q, torch.arange(n).unsqueeze(0))
+    theirs = apply_rotary_pos_emb(q.permute(1, 2, 0, 3), q.permute(1, 2, 0, 3), cos, sin)[0].permute(2, 0, 1, 3)
+    mine = {}
+    for rounded in (False, True):
+        rope = YarnRotaryEmbedding(64, rotary_base=p["rope_theta"], scaling_factor=p["factor"],
+                                   original_max_position_embeddings=p["original_max_position_embeddings"],
+                                   beta_fast=p["beta_fast"], beta_slow=p["beta_slow"],
+                                   correction_range_round_to_int=rounded, use_cpu_initialization=True)
+        mine[rounded] = megatron_rope(q, rope(n)[0], config=config,
+                                      mscale=_yarn_get_concentration_factor_from_config(config))
+    assert p["truncate"] is False and abs(_yarn_get_concentration_factor_from_config(config) - 1.3466) < 1e-4
+    assert (mine[False] - theirs).abs().max().item() < 1e-5 and (mine[True] - theirs).abs().max().item() > 1

@@ -1,4 +1,4 @@
-"""megatron-core BertModel state dict (one TP=1 model, whole tensors) -> Hugging Face transformers.
+"""megatron-core BertModel state dict (one TP=1 model, whole tensors) <-> Hugging Face transformers, both ways.
 
 The BERT recipes export to `MegatronBertForPreTraining` (with the sentence-pair head) or
 `MegatronBertForMaskedLM` (objective.masked_lm.binary_head=null): transformers' BERT in Megatron's
@@ -9,7 +9,8 @@ renaming of weights turns into it. The heads are BERT's in both: the LM head's t
 GELU, LayerNorm) and the output layer tied to the word embeddings with its own bias
 (`cls.predictions`), the pooler (dense + tanh of token 0) and the 2-way `cls.seq_relationship`.
 The layouts that differ: megatron-core's fused QKV holds [q; k; v] per head (pretrain/model/hf_mapping.py
-splits it); the vocabulary is padded (HF gets the tokenizer's size).
+splits it); the vocabulary is padded (HF gets the tokenizer's size). One rule table (`rules`) serves export
+and import (`make import-hf` of a MegatronBert* directory into a bert recipe).
 
 T5 recipes do not export: transformers' `T5ForConditionalGeneration` has relative position buckets
 and no learned positions, RMSNorm without biases and no biases in its linears, and scales the tied
@@ -24,7 +25,7 @@ from typing import List
 import torch
 
 from ..config.schema import JobConfig
-from ..model.hf_mapping import State, _split_qkv, canonical
+from ..model.hf_mapping import Rule, State, _join_qkv, _same, _split_qkv, apply_backward, canonical
 
 
 def architecture(cfg: JobConfig) -> str:
@@ -52,40 +53,76 @@ def unsupported(cfg: JobConfig) -> List[str]:
     return problems
 
 
-def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
-    """Our (canonical) BertModel state dict -> the HF model's (vocab cut to `vocab_size`)."""
-    s, m = canonical(state), cfg.model
-    out: State = {"bert.embeddings.word_embeddings.weight": s["embedding.word_embeddings.weight"][:vocab_size],
-                  "bert.embeddings.position_embeddings.weight": s["embedding.position_embeddings.weight"],
-                  # no token types without the pair head (Megatron-LM): one zero row adds nothing, as ours
-                  "bert.embeddings.token_type_embeddings.weight": s.get(
-                      "embedding.tokentype_embeddings.weight", torch.zeros(1, m.hidden_size)),
-                  "bert.encoder.ln.weight": s["encoder.final_layernorm.weight"],
-                  "bert.encoder.ln.bias": s["encoder.final_layernorm.bias"]}
+def rules(cfg: JobConfig, vocab_size: int) -> List[Rule]:
+    """Every tensor of the BERT model: our keys, HF keys and the conversion each way (export and import read the one
+    table). The tied decoder's bias is HF's `cls.predictions.decoder.bias` and `cls.predictions.bias` both."""
+    m, padded = cfg.model, cfg.derived.padded_vocab_size
+    binary = cfg.objective.masked_lm.binary_head is not None
+
+    def pad(w):
+        return torch.cat([w, w.new_zeros(padded - w.shape[0], *w.shape[1:])]) if w.shape[0] < padded else w
+
+    def qkv_split(w):
+        return _split_qkv(w, cfg)
+
+    def qkv_join(q, k, v):
+        return (_join_qkv(q, k, v, cfg),)
+
+    tied = not m.untie_embeddings_and_output_weights
+    words = ("bert.embeddings.word_embeddings.weight",) + (("cls.predictions.decoder.weight",) if tied else ())
+    table: List[Rule] = [
+        (("embedding.word_embeddings.weight",), words,        # tied: the decoder's weight is the table, twice
+         lambda w: (w[:vocab_size],) * len(words), lambda w, *_tied: (pad(w),)),
+        (("embedding.position_embeddings.weight",), ("bert.embeddings.position_embeddings.weight",), _same, _same),
+        (("output_layer.bias",), ("cls.predictions.decoder.bias", "cls.predictions.bias"),
+         lambda b: (b[:vocab_size], b[:vocab_size]), lambda decoder, _tied: (pad(decoder),))]
+    if binary:
+        table.append((("embedding.tokentype_embeddings.weight",), ("bert.embeddings.token_type_embeddings.weight",),
+                      _same, _same))
+    else:       # no token types without the pair head (Megatron-LM): one zero row adds nothing, as ours
+        table.append(((), ("bert.embeddings.token_type_embeddings.weight",),
+                      lambda: (torch.zeros(1, m.hidden_size),), _no_token_types))
+    if not tied:
+        table.append((("output_layer.weight",), ("cls.predictions.decoder.weight",),
+                      lambda w: (w[:vocab_size],), lambda w: (pad(w),)))
+    heads = {"encoder.final_layernorm": "bert.encoder.ln", "lm_head.dense": "cls.predictions.transform.dense",
+             "lm_head.layer_norm": "cls.predictions.transform.LayerNorm"}
+    if binary:
+        heads.update({"pooler.dense": "bert.pooler.dense", "binary_head": "cls.seq_relationship"})
     names = {"input_layernorm": "attention.ln", "self_attention.linear_proj": "attention.output.dense",
              "pre_mlp_layernorm": "ln", "mlp.linear_fc1": "intermediate.dense", "mlp.linear_fc2": "output.dense"}
     for i in range(m.num_layers):
-        ours, hf = f"encoder.layers.{i}.", f"bert.encoder.layer.{i}."
+        heads.update({f"encoder.layers.{i}.{ours}": f"bert.encoder.layer.{i}.{hf}" for ours, hf in names.items()})
         for kind in ("weight", "bias"):
-            for our_name, hf_name in names.items():
-                out[f"{hf}{hf_name}.{kind}"] = s[f"{ours}{our_name}.{kind}"]
-            q, k, v = _split_qkv(s[f"{ours}self_attention.linear_qkv.{kind}"], cfg)
-            out.update({f"{hf}attention.self.query.{kind}": q, f"{hf}attention.self.key.{kind}": k,
-                        f"{hf}attention.self.value.{kind}": v})
-    decoder = s["output_layer.weight" if m.untie_embeddings_and_output_weights else "embedding.word_embeddings.weight"]
-    bias = s["output_layer.bias"][:vocab_size]
-    out.update({"cls.predictions.transform.dense.weight": s["lm_head.dense.weight"],
-                "cls.predictions.transform.dense.bias": s["lm_head.dense.bias"],
-                "cls.predictions.transform.LayerNorm.weight": s["lm_head.layer_norm.weight"],
-                "cls.predictions.transform.LayerNorm.bias": s["lm_head.layer_norm.bias"],
-                "cls.predictions.decoder.weight": decoder[:vocab_size],
-                "cls.predictions.decoder.bias": bias, "cls.predictions.bias": bias})
-    if cfg.objective.masked_lm.binary_head:
-        out.update({"bert.pooler.dense.weight": s["pooler.dense.weight"],
-                    "bert.pooler.dense.bias": s["pooler.dense.bias"],
-                    "cls.seq_relationship.weight": s["binary_head.weight"],
-                    "cls.seq_relationship.bias": s["binary_head.bias"]})
+            table.append(((f"encoder.layers.{i}.self_attention.linear_qkv.{kind}",),
+                          tuple(f"bert.encoder.layer.{i}.attention.self.{x}.{kind}" for x in ("query", "key", "value")),
+                          qkv_split, qkv_join))
+    table += [((f"{ours}.{kind}",), (f"{hf}.{kind}",), _same, _same) for ours, hf in heads.items()
+              for kind in ("weight", "bias")]
+    return table
+
+
+def _no_token_types(table: torch.Tensor):
+    """HF's token-type table of a model without token types: HF adds its row 0 to every position, ours adds
+    nothing, so it must be zero (as our export writes it)."""
+    if table.shape[0] != 1 or table.abs().max().item() != 0:
+        raise ValueError("bert.embeddings.token_type_embeddings.weight holds token types, the recipe has none "
+                         "(objective.masked_lm.binary_head=null builds no token-type table). Fix: "
+                         "objective.masked_lm.binary_head=nsp (or sop)")
+    return ()
+
+
+def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
+    """Our (canonical) BertModel state dict -> the HF model's (vocab cut to `vocab_size`)."""
+    s, out = canonical(state), {}
+    for ours, theirs, forward, _ in rules(cfg, vocab_size):
+        out.update(zip(theirs, forward(*(s[k] for k in ours)), strict=True))
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def from_hf(hf: State, cfg: JobConfig) -> State:
+    """The HF model's state dict -> our BertModel's (vocab rows padded with zeros to the padded size)."""
+    return apply_backward(hf, rules(cfg, hf["bert.embeddings.word_embeddings.weight"].shape[0]))
 
 
 def hf_config(cfg: JobConfig, vocab_size: int, bos: int, eos: int, pad: int = 0):
@@ -103,3 +140,29 @@ def hf_config(cfg: JobConfig, vocab_size: int, bos: int, eos: int, pad: int = 0)
         initializer_range=m.init_method_std, layer_norm_eps=m.layernorm_epsilon, pad_token_id=pad,
         bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=not m.untie_embeddings_and_output_weights,
         architectures=[architecture(cfg)])
+
+
+def mismatch(config, cfg: JobConfig) -> str:
+    """Where a Megatron-BERT directory's config differs from the recipe (the function, not the shapes, which the
+    import checks), each with its fix, or named as what no recipe computes; '' where they agree."""
+    m, problems = cfg.model, []
+    theirs, ours = (getattr(config, "architectures", None) or ["?"])[0], architecture(cfg)
+    if theirs != ours:
+        head = "nsp (or sop)" if theirs == "MegatronBertForPreTraining" else "null"
+        problems.append(f"the directory holds {theirs}, recipe {cfg.name} builds {ours}. Fix: "
+                        f"objective.masked_lm.binary_head={head}")
+    types = 2 if cfg.objective.masked_lm.binary_head else 1
+    if config.type_vocab_size != types and theirs == ours:
+        problems.append(f"type_vocab_size={config.type_vocab_size}: megatron-core's BertModel has {types} token "
+                        "type(s) with this head (2 with the pair head, none without)")
+    if config.hidden_act != "gelu":
+        problems.append(f"hidden_act={config.hidden_act}: megatron-core's GELU here is the exact (erf) one")
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        problems.append(f"position_embedding_type={config.position_embedding_type}: the recipe has learned "
+                        "absolute positions (relative ones are not in megatron-core's BertModel)")
+    if config.is_decoder or getattr(config, "add_cross_attention", False):
+        problems.append("is_decoder / add_cross_attention: the recipe's BERT is a bidirectional encoder")
+    if float(config.layer_norm_eps) != float(m.layernorm_epsilon):
+        problems.append(f"layer_norm_eps={config.layer_norm_eps:g}, the recipe's model.layernorm_epsilon="
+                        f"{m.layernorm_epsilon}. Fix: model.layernorm_epsilon={config.layer_norm_eps:g}")
+    return "; ".join(problems)

@@ -12,7 +12,7 @@ tokenizer the run trained with is saved beside the weights; export.json says whe
 came from. Recipe features the target architecture cannot express are refused by name.
 
 Import writes a megatron-engine checkpoint (step 0) from an HF directory of a family with an import
-(GPT-2, Llama, Ministral, Mixtral, Qwen3, Qwen3-MoE, DeepseekV3); start a run from it at any layout with
+(GPT-2, Llama, Ministral, Mixtral, Qwen3, Qwen3-MoE, DeepseekV3, Megatron-BERT); start a run from it at any layout with
 `checkpoint.load=<dir> checkpoint.load_weights_only=true`. Each family is an `Exporter` in pretrain/hf/families/
 (pretrain/hf/exporters.py); this file holds none of them.
 """
@@ -164,7 +164,8 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
 def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
     """An HF directory of the recipe's family -> a megatron-engine checkpoint (step 0) of recipe `cfg`."""
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from transformers import AutoConfig
 
     from ..engines.megatron.checkpointing import unwrap
     config = AutoConfig.from_pretrained(str(hf_dir))
@@ -177,7 +178,8 @@ def import_hf(hf_dir: str | Path, cfg: JobConfig, output: str | Path) -> Path:
                                        for f in refused] + [exporter.mismatch(config, cfg)]))
     if mismatch:
         raise ValueError(f"{hf_dir} does not fit recipe {cfg.name}: {mismatch}")
-    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype="float32")
+    # the class the directory names, one of the family's (for_directory): a causal LM, or Megatron-BERT with its heads
+    hf = getattr(transformers, config.architectures[0]).from_pretrained(str(hf_dir), dtype="float32")
     engine = megatron_engine(cfg)
     model = unwrap(engine.model[0])
     try:

@@ -289,11 +289,17 @@ def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
 
 def from_hf(hf: State, cfg: JobConfig) -> State:
     """The HF model's state dict -> ours (vocab rows padded with zeros to the padded size)."""
-    hf = {k: v.detach().float().cpu() for k, v in hf.items()}
     vocab = hf["transformer.wte.weight" if cfg.model.arch == "gpt" else "model.embed_tokens.weight"].shape[0]
+    tied = {"lm_head.weight"} if not cfg.model.untie_embeddings_and_output_weights else set()
+    return apply_backward(hf, rules(cfg, vocab), tied)
+
+
+def apply_backward(hf: State, table: List[Rule], tied_copies=frozenset()) -> State:
+    """Our state from the HF model's by a rule table's from-HF direction; `tied_copies`: HF keys that repeat
+    another (tied weights), read by no rule. Every other HF tensor must have a rule."""
+    hf = {k: v.detach().float().cpu() for k, v in hf.items()}
     s: State = {}
-    used = {"lm_head.weight"} if not cfg.model.untie_embeddings_and_output_weights else set()   # the tied copy
-    table = rules(cfg, vocab)
+    used = set(tied_copies)
     absent = [k for _, theirs, _, _ in table for k in theirs if k not in hf]
     if absent:
         raise ValueError(f"the HF model lacks {len(absent)} tensors the recipe's model has: {absent[:4]}. "
