@@ -70,7 +70,8 @@ from .parts import (
     split_part,
     whole,
 )
-from .provenance import quarantined, read_quarantine, stamp
+from .provenance import FIELD as PROVENANCE
+from .provenance import note_edit, quarantined, read_quarantine, stamp
 from .records import BadInput, Piece, read_documents, write_jsonl
 from .tokenize_indexed import SENTENCE_KEYS, merge_indexed, tokenize_to_indexed
 from .tokenizer_io import FIM_SENTINELS, load_tokenizer, train_bpe, train_wordpiece
@@ -138,8 +139,11 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     else:
         inp = cfg.input
     removed_out = work / "normalize_removed.jsonl"
-    # "provenance": records carry their place (preprocessing/provenance.py); the quarantine file is an input
-    marker = Marker(work, "normalize", fingerprint([_settings(inp), _settings(cfg.normalize), "provenance"],
+    # "provenance": records carry their place (preprocessing/provenance.py); the quarantine file is an input.
+    # Records fed by passes keep the place those gave them (a WARC record's file and offset), so that it names the
+    # crawl, not a work part whose path and number depend on work_dir and the part count.
+    marker = Marker(work, "normalize", fingerprint([_settings(inp), _settings(cfg.normalize), "provenance",
+                                                    *(["fed records keep theirs"] if fed else [])],
                                                    [*inp.paths, *([inp.quarantine] if inp.quarantine else [])]))
     done = marker.done()
     if done is not None:
@@ -151,8 +155,10 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
     def records():
         for doc in tqdm(read_documents(inp.paths, fmt=inp.format, text_field=inp.text_field, id_field=inp.id_field,
                                        bad=bad), desc="normalize", unit="doc", file=sys.stderr):
-            if quarantined(held, doc.id, doc.where):
-                removed.append({"id": doc.id, "where": doc.where, "method": "quarantine"})
+            kept_place = doc.record.get(PROVENANCE) if fed else None
+            where = f"{kept_place[0]}:{kept_place[1]}" if kept_place else doc.where
+            if quarantined(held, doc.id, where):
+                removed.append({"id": doc.id, "where": where, "method": "quarantine"})
                 continue
             text = normalize_text(doc.text, cfg.normalize.form) if cfg.normalize.enabled else doc.text
             # a page awaiting extraction has no text yet: equal empty texts are not duplicates
@@ -162,7 +168,10 @@ def normalize_stage(cfg: PreprocessConfig, work: Path) -> Path:
                 removed.append({"id": doc.id, "duplicate_of": first, "method": "exact"})
                 continue
             record = {**doc.record, inp.text_field: text, inp.id_field: doc.id}
-            stamp(record, doc.where, text != doc.text)
+            if kept_place and text != doc.text:
+                note_edit(record, "normalize")
+            elif not kept_place:
+                stamp(record, doc.where, text != doc.text)
             yield record
 
     kept = write_jsonl(out, records())

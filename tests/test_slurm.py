@@ -279,6 +279,40 @@ def test_preprocessing_array_jobs_write_the_bytes_of_the_local_run(slurm, demo_d
 
 
 @pytest.mark.slow
+def test_web_pipeline_on_slurm_keeps_the_documents_of_the_local_run(slurm, demo_data, tmp_path):
+    """web-demo (pywb's 4 sample WARC files, docs/web-data.md) as afterok-chained SLURM jobs, every document pass
+    (warc, url_filter, extract, dedup's, filter, decontaminate, split) an array of 2 tasks, against the same config
+    run here in this process in 1 part: the same kept documents (the splits' parts joined: ids, text, every field
+    including the provenance) and the same .bin/.idx/.prov bytes."""
+    from preprocessing.cli import load_config
+    from preprocessing.pipeline import run_pipeline, stages_of
+    paths = lambda run: [f"work_dir={tmp_path / run / 'work'}", f"output_dir={tmp_path / run / 'out'}"]  # noqa: E731
+    run_pipeline(load_config("web-demo", [*paths("local"), "dedup.shards=1", "dedup.bucket_tasks=1"]))
+    overrides = " ".join([*paths("slurm"), "slurm.partition=debug", "slurm.cpus_per_task=1", "slurm.time=00:20:00"])
+    res = subprocess.run(["make", "-s", "preprocess", "PREPROCESS=web-demo", "LAUNCHER=slurm",
+                          f"OVERRIDES={overrides}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ids = re.search(r"^JOB_IDS=(.*)$", res.stdout, flags=re.M).group(1).split(",")
+    stages = [s.name for s in stages_of(load_config("web-demo", paths("slurm")))]
+    assert stages[:4] == ["warc", "url_filter", "extract", "prepare"] and len(ids) == len(stages) == 15
+    work = tmp_path / "slurm" / "work"
+    info = wait_for(ids[-1], timeout=900)
+    assert info["JobState"] == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in sorted(work.glob("slurm/logs/*")))
+    for stage in ("warc", "url_filter", "extract", "filter"):
+        assert re.findall(r"JobState=(\w+)", subprocess.run(["scontrol", "show", "job", ids[stages.index(stage)]],
+                          capture_output=True, text=True).stdout) == ["COMPLETED", "COMPLETED"], stage
+    for name in ("warc", "url_filter", "extract"):
+        assert len(list((work / name).glob("part-*-of-00002.jsonl"))) == 2, name
+    for split in ("train", "valid", "test"):
+        local = (tmp_path / "local" / "work" / "split" / f"{split}.00000-of-00001.jsonl").read_bytes()
+        assert local and b"".join(p.read_bytes() for p in sorted((work / "split").glob(f"{split}.*-of-00002.jsonl"))) \
+            == local, split
+        for ext in ("bin", "idx", "prov"):         # .prov: each document's WARC file and offset, not a work part's
+            name = f"{split}_text_document.{ext}"
+            assert (tmp_path / "slurm" / "out" / name).read_bytes() == (tmp_path / "local" / "out" / name).read_bytes()
+
+
+@pytest.mark.slow
 def test_ablate_on_slurm_runs_each_combination_as_a_submitit_job_with_its_own_directory(slurm, demo_data, tmp_path):
     sweep_dir = tmp_path / "sweep"
     overrides = " ".join([*CLUSTER, *BASE, "schedule.train_iters=6", "schedule.lr_warmup=2",

@@ -165,6 +165,9 @@ def test_passes_before_prepare_feed_it(tmp_path):
     work = Path(cfg.work_dir)
     normalized = [json.loads(x) for x in (work / "normalized.jsonl").read_text().splitlines()]
     assert [d["url"] for d in normalized] == ["https://a.example.org/1", "https://c.example.org/3"]
+    # provenance names the WET file and the record's offset, not the url_filter part it came through
+    assert [d["_provenance"] for d in normalized] == [[str(wet), int(d["source"].split("@")[1]), []]
+                                                      for d in normalized]
     assert json.loads((work / "normalize_removed.jsonl").read_text())["method"] == "exact"
     assert [d["url"] for d in joined(cfg, "filter")] == ["https://a.example.org/1", "https://c.example.org/3"]
     assert [r["reason"] for r in joined(cfg, "url_filter", "removed")] == ["url/blocked/domain"]

@@ -19,6 +19,7 @@ from ..config import PreprocessConfig
 from ..fetch import fetch
 from ..markers import Marker, fingerprint, print_summary
 from ..parts import add_summaries, part_paths
+from ..provenance import stamp
 from ..records import BadInput, BadInputError
 from ..stages import PASSES, _settings, part_count, register_stage
 from .warc import DAMAGE_REASONS, WarcCounts, WarcSettings, is_warc_name, read_warc
@@ -49,7 +50,7 @@ def files_of_part(files: List[Path], k: int, n: int) -> List[Path]:
 def read_part(cfg: PreprocessConfig, files: List[Path], k: int, n: int) -> Dict[str, Any]:
     """Part k: its files' documents and skipped records; resumable; returns its summary."""
     out, removed_out = part_paths(cfg, "warc", k, n)
-    settings = [_settings(cfg.warc), cfg.input.max_bad_fraction, [str(f) for f in files]]
+    settings = [_settings(cfg.warc), cfg.input.max_bad_fraction, [str(f) for f in files], "provenance"]
     marker = Marker(out.parent, f"warc-{k:05d}-of-{n:05d}", fingerprint(settings, files))
     done = marker.done(announce=False)
     if done is not None:
@@ -62,6 +63,8 @@ def read_part(cfg: PreprocessConfig, files: List[Path], k: int, n: int) -> Dict[
             json.dumps({"where": where, "reason": reason}, ensure_ascii=False) + "\n"))
         for path in files:
             for doc in read_warc(path, counts, read_settings):
+                # the record's place in its WARC file, not in this work part: prepare keeps it (provenance.py)
+                stamp(doc, f"{path}:{doc['source'].rsplit('@', 1)[1]}", False)
                 kept_f.write(json.dumps(doc, ensure_ascii=False) + "\n")
     bad = BadInput(good=counts.records - counts.damaged)
     for reason in (r for r in DAMAGE_REASONS if counts.skipped[r]):
