@@ -143,7 +143,10 @@ gpu-check:  ## on one GPU: doctor, bf16 gpt-125m vs make plan, fp32 GPU=CPU, kil
 gpu-check-wheels: $(STAMP)  ## .whl/: the pinned packages a bare GPU machine lacks (for make gpu-check there)
 	@bash launch/gpu_check.sh wheels
 
-bench: bench-preprocess bench-train  ## all benchmarks
+bench-save: $(STAMP)  ## peak RSS of one checkpoint save, 4 gloo ranks, dp_reshardable vs fully_reshardable -> docs/checkpoints.md
+	$(PY) -m pretrain.bench_save
+
+bench: bench-preprocess bench-train bench-save  ## all benchmarks
 
 pretrain: $(STAMP)  ## compose, validate, prepare data; train here (cluster=local) or render + sbatch (SLURM profiles); DRY_RUN=1 prints
 	$(PY) -m launch
@@ -189,5 +192,5 @@ clean:  ## remove runs/, outputs/, multirun/ (keeps data/ and .venv): lists them
 	rm -rf $$dirs && echo "removed $$dirs"
 
 .PHONY: help setup setup-job test test-fast lint config plan data preprocess dedup tokenize bench-preprocess \
-	bench-extract quality-classifier bench-train bench doctor gpu-check gpu-check-wheels pretrain ablate ladder explain-step \
+	bench-extract quality-classifier bench-train bench-save bench doctor gpu-check gpu-check-wheels pretrain ablate ladder explain-step \
 	export import-hf eval-data eval compare ckpt-info report clean

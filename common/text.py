@@ -1,7 +1,9 @@
-"""Plain-text shapes shared by reports: a markdown table, a count in K/M/B/T."""
+"""Plain-text shapes shared by reports: a markdown table, a count in K/M/B/T, a benchmark's block in a docs page."""
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import re
+from pathlib import Path
+from typing import Iterable, List, Sequence
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -19,3 +21,13 @@ def human(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.3g}{unit}"
     return f"{n:.3g}"
+
+
+def replace_block(path: Path, marker: str, lines: List[str]) -> None:
+    """Replace the text between `<!-- marker -->` and `<!-- /marker -->` in a docs page."""
+    text = path.read_text()
+    block = f"<!-- {marker} -->\n" + "\n".join(lines) + f"\n<!-- /{marker} -->"
+    new, n = re.subn(rf"<!-- {marker} -->.*?<!-- /{marker} -->", lambda _: block, text, flags=re.S)
+    if n != 1:
+        raise RuntimeError(f"{path}: expected one <!-- {marker} --> ... <!-- /{marker} --> block, found {n}")
+    path.write_text(new)

@@ -153,33 +153,51 @@ def test_jobs_train_and_a_usr1_job_requeues_and_resumes_to_the_same_loss(slurm, 
 
 
 @pytest.mark.slow
-def test_a_rank_that_raises_ends_the_step_the_job_requeues_and_resumes_and_a_config_refusal_does_not(
+def test_a_rank_that_raises_or_hangs_ends_the_step_the_job_requeues_and_resumes_and_a_config_refusal_does_not(
         slurm, demo_data, tmp_path):
-    """Rank 1 raises before step 8 (fault.raise_at_step, once per run): --kill-on-bad-exit ends the step (SLURM
-    terminates rank 0, no collective timeout), the job requeues itself and resumes from step 5's save to the end.
+    """One job, two faults, each once per run (fault.*_at_step on rank 1, marked in the run directory), saves every
+    3 steps. Rank 1 raises before step 5: --kill-on-bad-exit ends the step (SLURM terminates rank 0, no collective
+    timeout), the job requeues itself and resumes from step 3's save. In that restart rank 1 hangs before step 8:
+    both ranks' watchdogs (stability.watchdog_minutes, 30 s here; the collective timeout is 10 minutes) dump their
+    stacks and exit 1, the step ends, the job requeues again and resumes from step 6's save to the end.
     A config that no longer validates (edited after submission) is refused with exit 2 and not requeued."""
     from launch.slurm import render, sbatch
     from pretrain.config.compose import load_recipe, to_yaml
-    common = [*CLUSTER, *BASE, "schedule.train_iters=10", "checkpoint.save_interval=5", "cluster.health_check=false",
+    common = [*CLUSTER, *BASE, "schedule.train_iters=10", "checkpoint.save_interval=3", "cluster.health_check=false",
               "cluster.restart_backoff_s=0", f"cluster.bad_nodes_file={tmp_path / 'bad.txt'}"]
-    raised_dir, refused_dir = tmp_path / "raised", tmp_path / "refused"
-    raised = submitted(make_pretrain("gpt-tiny", " ".join([*common, f"run_dir={raised_dir}", "fault.raise_at_step=8",
-                                                           "fault.rank=1"])))
+    drilled_dir, refused_dir = tmp_path / "drilled", tmp_path / "refused"
+    drilled = submitted(make_pretrain("gpt-tiny", " ".join([
+        *common, f"run_dir={drilled_dir}", "fault.rank=1", "fault.raise_at_step=5", "fault.hang_at_step=8",
+        "stability.watchdog_minutes=0.5"])))
     job = load_recipe("gpt-tiny", [*common, f"run_dir={refused_dir}"])
     (refused_dir / "logs").mkdir(parents=True)
     (refused_dir / "config.yaml").write_text(re.sub(r"num_attention_heads: \d+", "num_attention_heads: 5",
                                                     to_yaml(job)))
     (refused_dir / "launch.sbatch").write_text(render(job, refused_dir))
     refused = sbatch(refused_dir / "launch.sbatch")
-    info_raised, info_refused = wait_for(raised, refused)
-    log = (raised_dir / "logs" / f"slurm-{raised}.out").read_text()
-    assert info_raised["JobState"] == "COMPLETED" and info_raised["Restarts"] == "1", log[-3000:]
-    assert "FAULT INJECTED: rank 1 raises before step 8" in log
-    # killed, not hung: the raising rank or its peer (whose collective broke) is reported first, then the step ends
-    assert re.search(r"task [01]: Exited with exit code 1\n.*Terminating StepId", log), log[-3000:]
-    assert "step failed (exit " in log and "requeueing in 2 s (restart 1 of at most" in log
-    assert f"resumed from {raised_dir / 'checkpoints' / 'step_00000005'}" in log
-    assert max(train_losses(raised_dir)) == 10 and (raised_dir / "final.json").exists()
+    info_drilled, info_refused = wait_for(drilled, refused, timeout=900)     # three starts on a busy machine
+    log = (drilled_dir / "logs" / f"slurm-{drilled}.out").read_text()
+    assert info_drilled["JobState"] == "COMPLETED" and info_drilled["Restarts"] == "2", log[-3000:]
+    starts = log.split(f">> job {drilled} (restart ")[1:]
+    assert [s[:1] for s in starts] == ["0", "1", "2"], log[-3000:]
+    # the exception: killed, not hung. The raising rank or its peer (whose collective broke) is reported first,
+    # then the step ends; the restart resumes from the last save before it
+    assert "FAULT INJECTED: rank 1 raises before step 5" in starts[0]
+    assert re.search(r"task [01]: Exited with exit code 1\n.*Terminating StepId", starts[0]), starts[0][-3000:]
+    assert "step failed (exit " in starts[0] and "requeueing in 2 s (restart 1 of at most" in starts[0]
+    assert f"resumed from {drilled_dir / 'checkpoints' / 'step_00000003'}" in starts[1]
+    # the hang: the watchdog ends it on both ranks (their stacks kept by the restart), the job requeues
+    assert "FAULT INJECTED: rank 1 stops before step 8" in starts[1] and "FAULT INJECTED" not in starts[2]
+    assert "the hang watchdog fired: stacks in" in starts[1] and "requeueing in 2 s (restart 2 of at most" in starts[1]
+    dumps = {p.name.split("-")[0]: p.read_text() for p in (drilled_dir / "hang" / "earlier").glob("rank*.txt")}
+    assert sorted(dumps) == ["rank0", "rank1"] and all("Timeout (0:00:30)!" in d for d in dumps.values()), dumps
+    assert "inject_hang" in dumps["rank1"] and "train_step" in dumps["rank0"]
+    assert not list((drilled_dir / "hang").glob("rank*.txt"))        # the finished start's were empty, removed
+    assert f"resumed from {drilled_dir / 'checkpoints' / 'step_00000006'}" in starts[2]
+    # each start trained from its save to its fault, the last to the end
+    trained = [[int(m) for m in re.findall(r"^step +(\d+)/10 ", s, flags=re.M)] for s in starts]
+    assert trained == [[1, 2, 3, 4], [4, 5, 6, 7], [7, 8, 9, 10]], trained
+    assert max(train_losses(drilled_dir)) == 10 and (drilled_dir / "final.json").exists()
     log = (refused_dir / "logs" / f"slurm-{refused}.out").read_text()
     assert info_refused["JobState"] == "FAILED" and info_refused["ExitCode"] == "2:0", log[-3000:]
     assert info_refused["Restarts"] == "0" and "refused (exit 2: config refused): a restart cannot fix" in log

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import argparse
 import platform
-import re
 import sys
 import time
 from pathlib import Path
 from typing import List
+
+from common.text import replace_block
 
 from .heldout import heldout_table
 from .language import bench_language
@@ -43,16 +44,6 @@ from .tuning_similarity import similarity_table
 
 REPO = Path(__file__).resolve().parents[2]            # the repository root (bench -> preprocessing -> root)
 PARTS = ("tokenize", "scale", "quality", "language", "components", "filters", "heldout", "passes", "sentences")
-
-
-def replace_block(path: Path, marker: str, lines: List[str]) -> None:
-    """Replace the text between `<!-- marker -->` and `<!-- /marker -->` in a docs page."""
-    text = path.read_text()
-    block = f"<!-- {marker} -->\n" + "\n".join(lines) + f"\n<!-- /{marker} -->"
-    new, n = re.subn(rf"<!-- {marker} -->.*?<!-- /{marker} -->", lambda _: block, text, flags=re.S)
-    if n != 1:
-        raise RuntimeError(f"{path}: expected one <!-- {marker} --> ... <!-- /{marker} --> block, found {n}")
-    path.write_text(new)
 
 
 def main(argv: List[str] | None = None) -> int:

@@ -72,7 +72,8 @@ class StabilityConfig:
 
 @dataclass
 class FaultConfig:
-    hang_at_step: int = doc(-1, "Fire drill / tests: rank fault.rank stops before this step (1-based); -1 never.")
+    hang_at_step: int = doc(-1, "Fire drill / tests: rank fault.rank stops before this step (1-based), once per run "
+                                "directory (the restart resumes past it); -1 never.")
     raise_at_step: int = doc(-1, "Rank fault.rank raises before this step, once per run directory (the restart resumes "
                                  "past it); -1 never.")
     nan_at_step: int = doc(-1, "Rank fault.rank's loss mask is NaN at this step (a non-finite loss and gradients); -1 "

@@ -2,7 +2,7 @@
 kept out of the loop's own code. The loop makes one call per step, `FaultDrill.before_step`, once the
 step's micro-batches are built and before the engine runs them.
 
-    hang_at_step          the rank stops before that step (the watchdog's drill)
+    hang_at_step          the rank stops before that step, once per run (the watchdog's drill: a requeue gets past it)
     raise_at_step         the rank raises before that step, once per run (the requeue drill: one rank's exception)
     nan_at_step           the rank's loss mask is NaN (the non-finite guard's drill)
     preempt_at_step       the rank sends itself SIGUSR1 (the preemption drill)
@@ -11,8 +11,9 @@ step's micro-batches are built and before the engine runs them.
 
 The slow-rank drill (`fault.slow_rank_ms`) is timed inside the compute window it slows, in
 observability/straggler.py. Each fault fires once per process: a rollback that returns to the step
-must not meet it again (the bad data was skipped). `raise_at_step` fires once per run directory: the
-restart it causes resumes from an earlier step and must get past it (<run_dir>/fault-raised-<step>).
+must not meet it again (the bad data was skipped). `raise_at_step` and `hang_at_step` fire once per run
+directory: the restart they cause resumes from an earlier step and must get past them (<run_dir>/fault-raised-<step>,
+<run_dir>/fault-hung-<step>).
 """
 from __future__ import annotations
 
@@ -44,11 +45,12 @@ class FaultDrill:
     def before_step(self, micro: list, step: int, rank: int) -> None:
         """Poison step `step`'s micro-batches in place, or this process, as `fault.*` asks."""
         f = self.fault
-        if step == f.hang_at_step and rank == f.rank:
+        if step == f.hang_at_step and rank == f.rank and self._first_in_run("hung", step):
             print(f"FAULT INJECTED: rank {rank} stops before step {step}", flush=True)
             inject_hang()
-        if step == f.raise_at_step and rank == f.rank:
-            self._raise_once(step, rank)
+        if step == f.raise_at_step and rank == f.rank and self._first_in_run("raised", step):
+            print(f"FAULT INJECTED: rank {rank} raises before step {step}", flush=True)
+            raise InjectedFault(f"fault.raise_at_step={step}: rank {rank} raised (a drill)")
         if step in self.fired:
             return
         self.fired.add(step)
@@ -68,11 +70,13 @@ class FaultDrill:
             for mb in micro:
                 mb["labels"] = torch.randint(0, self.vocab_size, mb["labels"].shape, generator=gen)
 
-    def _raise_once(self, step: int, rank: int) -> None:
-        marker = self.run_dir / f"fault-raised-{step}" if self.run_dir is not None else None
-        if marker is not None and marker.exists():
-            return                           # an earlier start of this run raised here; its restart goes on
-        if marker is not None:
-            marker.touch()
-        print(f"FAULT INJECTED: rank {rank} raises before step {step}", flush=True)
-        raise InjectedFault(f"fault.raise_at_step={step}: rank {rank} raised (a drill)")
+    def _first_in_run(self, what: str, step: int) -> bool:
+        """True the first time this run directory meets the fault (then marked <run_dir>/fault-<what>-<step>);
+        False in a later start of the run (a restart the fault caused), which goes on past it."""
+        if self.run_dir is None:
+            return True
+        marker = self.run_dir / f"fault-{what}-{step}"
+        if marker.exists():
+            return False
+        marker.touch()
+        return True

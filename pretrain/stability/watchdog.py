@@ -6,14 +6,30 @@ after every step, evaluation and checkpoint save (`kick`). When it fires, each r
 the Python stacks of all its threads to <run_dir>/hang/rank<N>.txt and exits with status 1;
 torchrun/srun then fail the job and SLURM's requeue (or the restart chain) resumes from the
 newest checkpoint. A rank that hangs stalls its peers in the next collective, so every
-rank's watchdog fires and the dumps show both the hung rank and where the others wait.
+rank's watchdog fires and the dumps show both the hung rank and where the others wait. The restart
+moves an earlier start's dumps to <run_dir>/hang/earlier/ (named by the time they were written) before it
+arms its own, so the stacks of the hang that caused the requeue outlive the run.
 """
 from __future__ import annotations
 
 import faulthandler
+import time
 from pathlib import Path
 
 from ..observability.hooks import LoopHook
+
+
+def keep_earlier_dump(path: Path) -> None:
+    """An earlier start of the run left stacks at `path` (its watchdog fired): move them to hang/earlier/."""
+    try:
+        if path.stat().st_size == 0:
+            return
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(path.stat().st_mtime))
+    except FileNotFoundError:
+        return
+    earlier = path.parent / "earlier"
+    earlier.mkdir(exist_ok=True)
+    path.replace(earlier / f"{path.stem}-{stamp}{path.suffix}")
 
 
 class Watchdog(LoopHook):
@@ -25,6 +41,7 @@ class Watchdog(LoopHook):
         if self.seconds > 0:
             self.path = Path(run_dir) / "hang" / f"rank{rank}.txt"
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            keep_earlier_dump(self.path)
             self.file = open(self.path, "w")
 
     def kick(self) -> None:
