@@ -5,7 +5,7 @@ the skip, and its step's loss is the batch loss without the junk's targets.
 
 How the junk lands in one known step: megatron-core's sample order (GPTDataset's document, sample and shuffle
 indices) follows from the seed, seq_length, the sample count and each document's token count, never from the
-tokens themselves. So `drill_runs` preprocesses a clean slice of the demo corpus first, builds the train split as
+tokens themselves. So `plant` preprocesses a clean slice of the demo corpus first, builds the train split as
 the run builds it and reads which documents the samples of step STEP hold (pretrain/data/attribution.py). It then
 writes the corpus again with three of those documents' lines replaced by junk of exactly their token counts: the
 planted corpus tokenizes to the same document lengths, so to the same samples, and the junk fills step STEP. The
@@ -29,7 +29,7 @@ from preprocessing.pipeline import run_pipeline
 from preprocessing.tokenizer_io import load_tokenizer
 from tests.conftest import REPO
 from tests.test_stability import events_of, records_of
-from tests.training import shared_runs
+from tests.training import train_many
 
 TOKENIZER = REPO / "data/demo/bpe4k/tokenizer"     # the demo's BPE, loaded (not trained) by every pass here
 EVERY, CHARS = 20, 200        # every 20th document of the demo corpus, cut to 200 characters: 156 short documents
@@ -121,11 +121,9 @@ def whole_documents_of_step(out: Path, step: int) -> list:
     return found
 
 
-@shared_runs(nproc=1)
-def drill_runs(root, runs):
+def plant(root: Path) -> list:
     """The clean slice preprocessed (root/clean), three whole documents of step STEP replaced by junk of their token
-    counts (root/corpus.jsonl, preprocessed into root/data), and gpt-tiny trained on it for STEP steps, saving
-    at STEP - 1 (root/planted)."""
+    counts (root/corpus.jsonl, preprocessed into root/data); the overrides of the run on it."""
     records = slice_of_demo()
     write_corpus(root / "clean.jsonl", records)
     run_pipeline(load_config("demo", preprocess_overrides(root / "clean.jsonl", root / "clean")))
@@ -138,45 +136,55 @@ def drill_runs(root, runs):
     run_pipeline(load_config("demo", preprocess_overrides(root / "corpus.jsonl", root / "data")))
     (root / "planted.json").write_text(json.dumps({"lines": [line for _, line, _ in targets], "ids": ids,
                                                    "documents": [d for d, _, _ in targets]}))
-    return {"planted": [f"data.blend={root / 'data' / 'blend.json'}", *TRAIN]}
+    return [f"data.blend={root / 'data' / 'blend.json'}", *TRAIN]
 
 
-@shared_runs(nproc=1, needs=["drill_runs"])
-def drill_resume(root, runs):
+def quarantine_and_rerun(root: Path) -> list:
     """`make explain-step` for step STEP of the planted run (in this process, as tests/test_spike_runs.py does),
     a quarantine list of its three worst documents (two by record id, one by file:line, as it prints them),
-    `make preprocess` again with that list (root/clean), and the planted run resumed from its checkpoint of step
-    STEP - 1 on its own data with data.quarantine (root/resumed)."""
+    `make preprocess` again with that list (root/rerun); the overrides that resume the planted run from its
+    checkpoint of step STEP - 1 on its own data with data.quarantine."""
     from evals.explain import explain_step
-    drill = runs["drill_runs"].root
-    worst = json.loads(explain_step(drill / "planted", STEP).read_text())["documents"][:3]
+    worst = json.loads(explain_step(root / "planted", STEP).read_text())["documents"][:3]
     held = root / "quarantine.txt"
     held.write_text(f"# make explain-step STEP={STEP}: ranks 1-3\n{worst[0]['id']}\n"
                     f"{worst[1]['source']}:{worst[1]['line']}\n{worst[2]['id']}  # by id\n")
-    again = " ".join([*preprocess_overrides(drill / "corpus.jsonl", root / "clean"), f"input.quarantine='{held}'"])
+    again = " ".join([*preprocess_overrides(root / "corpus.jsonl", root / "rerun"), f"input.quarantine='{held}'"])
     res = subprocess.run(["make", "-s", "preprocess", "PREPROCESS=demo", f"OVERRIDES={again}"], cwd=REPO,
                          capture_output=True, text=True, timeout=600, env=dict(os.environ, DRY_RUN="false"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (root / "preprocess.log").write_text(res.stdout + res.stderr)
-    return {"resumed": [f"data.blend={drill / 'data' / 'blend.json'}", *TRAIN, f"data.quarantine={held}",
-                        f"checkpoint.load={drill / 'planted' / 'checkpoints' / f'step_{STEP - 1:08d}'}"]}
+    return [f"data.blend={root / 'data' / 'blend.json'}", *TRAIN, f"data.quarantine={held}",
+            f"checkpoint.load={root / 'planted' / 'checkpoints' / f'step_{STEP - 1:08d}'}"]
 
 
-def planted(drill_runs) -> dict:
-    return json.loads((drill_runs.root / "planted.json").read_text())
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory):
+    """The drill, in order, in this process (not the shared runs' background thread: explain-step sets up a gloo
+    group and megatron-core's parallel state here, and the pipelines print): the planted data, gpt-tiny on it for
+    STEP steps saving at STEP - 1 (root/planted, one 1-process launch), explain-step, the quarantine, the rerun of
+    make preprocess, the resume (root/resumed, a second launch)."""
+    root = tmp_path_factory.mktemp("drill")
+    train_many(root, {"planted": plant(root)}, nproc=1)
+    train_many(root, {"resumed": quarantine_and_rerun(root)}, nproc=1)
+    return root
 
 
-def explained(drill_runs) -> dict:
-    return json.loads((drill_runs.root / "planted" / "explain" / f"step_{STEP:08d}.json").read_text())
+def planted(root) -> dict:
+    return json.loads((root / "planted.json").read_text())
+
+
+def explained(root) -> dict:
+    return json.loads((root / "planted" / "explain" / f"step_{STEP:08d}.json").read_text())
 
 
 @pytest.mark.slow
-def test_the_junk_fills_the_known_step_and_explain_step_ranks_it_first_with_its_lines(drill_runs, drill_resume):
+def test_the_junk_fills_the_known_step_and_explain_step_ranks_it_first_with_its_lines(drill):
     """The planted corpus has the clean one's document lengths; the junk is read in step STEP and in no other; under
     the checkpoint of step STEP - 1 it holds ranks 1-3 with its ids and input lines, above every clean document;
     the explained batch loss is the loss the run logged for the step."""
     from pretrain.data import attribution
-    plant, root = planted(drill_runs), drill_runs.root
+    plant, root = planted(drill), drill
     clean, data = (read_index(f"{root / d / 'train_text_document'}.idx")[1] for d in ("clean", "data"))
     assert np.array_equal(clean, data) and len(data) == 142        # same document lengths: the same samples
     _, train, source = train_job(root / "data")
@@ -186,7 +194,7 @@ def test_the_junk_fills_the_known_step_and_explain_step_ranks_it_first_with_its_
             if seg.document in plant["documents"]:
                 steps.setdefault(seg.document, set()).add(p // BATCH + 1)
     assert steps == {d: {STEP} for d in plant["documents"]}
-    out = explained(drill_runs)
+    out = explained(drill)
     assert (out["checkpoint_step"], out["consumed_samples"], out["global_batch"]) == (STEP - 1, (STEP - 1) * BATCH,
                                                                                     BATCH)
     top = out["documents"][:3]
@@ -201,36 +209,35 @@ def test_the_junk_fills_the_known_step_and_explain_step_ranks_it_first_with_its_
 
 
 @pytest.mark.slow
-def test_quarantine_and_a_rerun_of_make_preprocess_leave_the_junk_out(drill_runs, drill_resume):
+def test_quarantine_and_a_rerun_of_make_preprocess_leave_the_junk_out(drill):
     """The list from explain-step's ranks and `make preprocess` again: 142 -> 139 train documents, the other 139 in
     order and token for token the same; the three removed are logged as quarantined."""
-    plant, root = planted(drill_runs), drill_runs.root
-    before, after = (provenance.read(d / "train_text_document") for d in (root / "data", drill_resume.root / "clean"))
+    plant, root = planted(drill), drill
+    before, after = (provenance.read(d / "train_text_document") for d in (root / "data", root / "rerun"))
     assert (len(before), len(after)) == (142, 139)
     kept = [before.record_id(i) for i in range(len(before)) if i not in plant["documents"]]
     assert [after.record_id(i) for i in range(len(after))] == kept and not set(plant["ids"]) & set(kept)
     assert after.header["kept_by"][:2] == ["normalize + exact dedup", "quarantine"]
     old = np.fromfile(root / "data" / "train_text_document.bin", dtype=np.uint16)
-    new = np.fromfile(drill_resume.root / "clean" / "train_text_document.bin", dtype=np.uint16)
+    new = np.fromfile(root / "rerun" / "train_text_document.bin", dtype=np.uint16)
     ends = np.cumsum(read_index(f"{root / 'data' / 'train_text_document'}.idx")[1])
     junk = sum(int(ends[d] - (ends[d - 1] if d else 0)) for d in plant["documents"])
     keep = np.ones(len(old), dtype=bool)
     for d in plant["documents"]:
         keep[(ends[d - 1] if d else 0):ends[d]] = False
     assert np.array_equal(old[keep], new) and len(new) == len(old) - junk      # the rest, token for token
-    removed = [json.loads(x) for x in (drill_resume.root / "clean" / "work" / "normalize_removed.jsonl").read_text()
-               .splitlines()]
+    removed = [json.loads(x) for x in (root / "rerun" / "work" / "normalize_removed.jsonl").read_text().splitlines()]
     assert sorted((r["id"], r["method"]) for r in removed) == sorted((i, "quarantine") for i in plant["ids"])
-    assert "quarantined" in (drill_resume.root / "preprocess.log").read_text()
+    assert "quarantined" in (root / "preprocess.log").read_text()
 
 
 @pytest.mark.slow
-def test_the_resumed_run_records_the_skip_and_its_step_loses_the_junks_loss(drill_runs, drill_resume):
+def test_the_resumed_run_records_the_skip_and_its_step_loses_the_junks_loss(drill):
     """The resume from step STEP - 1 with data.quarantine: a quarantine event names the three documents; step
     STEP's loss is the explained batch's loss without the junk's targets (sum and count taken out)."""
-    plant, out = planted(drill_runs), explained(drill_runs)
-    run_dir = drill_resume.root / "resumed"
-    prefix = str(drill_runs.root / "data" / "train_text_document")
+    plant, out = planted(drill), explained(drill)
+    run_dir = drill / "resumed"
+    prefix = str(drill / "data" / "train_text_document")
     [event] = [e for e in events_of(run_dir) if e["kind"] == "quarantine"]
     assert event["step"] == STEP - 1 and event["documents"] == [[prefix, d] for d in sorted(plant["documents"])]
     by_document = dict(zip(plant["documents"], plant["ids"], strict=True))
@@ -242,4 +249,4 @@ def test_the_resumed_run_records_the_skip_and_its_step_loses_the_junks_loss(dril
     junk_sum, junk_n = sum(r["loss"] * r["scored_tokens"] for r in junk), sum(r["scored_tokens"] for r in junk)
     without = (out["batch_loss"] * total_n - junk_sum) / (total_n - junk_n)
     assert record["step"] == STEP and record["loss"] == pytest.approx(without, rel=2e-3)
-    assert record["loss"] < records_of(drill_runs.root / "planted")[STEP - 1]["loss"]
+    assert record["loss"] < records_of(drill / "planted")[STEP - 1]["loss"]
