@@ -34,6 +34,7 @@ from tests.training import train_many
 TOKENIZER = REPO / "data/demo/bpe4k/tokenizer"     # the demo's BPE, loaded (not trained) by every pass here
 EVERY, CHARS = 20, 200        # every 20th document of the demo corpus, cut to 200 characters: 156 short documents
 STEP, BATCH, SEQ = 6, 8, 128  # the junk's step; 8 samples of 128 tokens a step; a checkpoint at STEP - 1
+HELD_OUT = 0.05               # split.valid_fraction and split.test_fraction
 JUNK = ("junk/repeat", "junk/german", "junk/bytes")
 GERMAN = "Der schnelle braune Fuchs springt über den faulen Hund und alle Vögel singen im Wald".split()
 TRAIN = [f"model.seq_length={SEQ}", f"batch.global_batch_size={BATCH}", f"batch.micro_batch_size={BATCH}",
@@ -46,7 +47,7 @@ def preprocess_overrides(corpus: Path, out: Path) -> list:
     the drill is junk that got through (the demo's language and Gopher filters would drop these three)."""
     return [f"input.paths=['{corpus}']", "fetch=[]", f"work_dir='{out}/work'", f"output_dir='{out}'",
             f"tokenizer.path='{TOKENIZER}'", "tokenizer.train=false", "dedup.enabled=false", "filters.enabled=false",
-            "decontaminate.enabled=false", "split.valid_fraction=0.05", "split.test_fraction=0.05"]
+            "decontaminate.enabled=false", f"split.valid_fraction={HELD_OUT}", f"split.test_fraction={HELD_OUT}"]
 
 
 def slice_of_demo() -> list:
@@ -92,10 +93,8 @@ def junk_texts(tokens: list) -> list:
 
 def junk_ids(seed: int) -> list:
     """Record ids for the junk that the id-hash split puts in train (the documents they replace were train)."""
-    out = []
-    for name in JUNK:
-        out.append(next(f"{name}-{k}" for k in range(100) if split_of(f"{name}-{k}", 0.05, 0.05, seed) == "train"))
-    return out
+    return [next(f"{name}-{k}" for k in range(100) if split_of(f"{name}-{k}", HELD_OUT, HELD_OUT, seed) == "train")
+            for name in JUNK]
 
 
 def train_job(out: Path):
@@ -131,7 +130,7 @@ def plant(root: Path) -> list:
     texts = junk_texts([length - 1 for _, _, length in targets])       # the .idx length counts the EOD
     ids = junk_ids(load_config("demo", []).split.seed)
     for (_, line, _), text, rec_id in zip(targets, texts, ids, strict=True):
-        records[line - 1] = {"id": rec_id, "text": text}
+        records[line - 1] = {"id": rec_id, "text": text}           # no blank lines: line n is record n - 1
     write_corpus(root / "corpus.jsonl", records)
     run_pipeline(load_config("demo", preprocess_overrides(root / "corpus.jsonl", root / "data")))
     (root / "planted.json").write_text(json.dumps({"lines": [line for _, line, _ in targets], "ids": ids,
