@@ -189,8 +189,7 @@ class Trainer(Restarts):
             self.resume()
             quarantine = getattr(self.train_batches, "quarantine", None)
             if quarantine is not None:
-                self.metrics.event({"kind": "quarantine", "step": self.state.step, "file": quarantine.path,
-                                    "documents": sorted(quarantine.documents)})
+                self.metrics.event(quarantine.event(self.state.step))
             self.metrics.reset_window()          # the first step's window starts after the load
             hooks.progress()
             self._steps(rank)

@@ -177,6 +177,7 @@ class Quarantine:
     def __init__(self, path: str, prefixes: Sequence[str]):
         names = provenance.read_quarantine(path)
         self.path, self.documents, self.masked_tokens = path, set(), 0
+        self.ids: Dict[Tuple[str, int], str] = {}
         for prefix in prefixes:
             prov = provenance.read(prefix)
             if prov is None:
@@ -187,6 +188,13 @@ class Quarantine:
                 where = f"{sources[int(prov.source[i])]}:{int(prov.line[i])}"
                 if provenance.quarantined(names, prov.record_id(i), where):
                     self.documents.add((prefix, i))
+                    self.ids[(prefix, i)] = prov.record_id(i)
+
+    def event(self, step: int) -> dict:
+        """The run's `quarantine` event: the documents it leaves out, (prefix, document) and their record ids."""
+        held = sorted(self.documents)
+        return {"kind": "quarantine", "step": step, "file": self.path, "documents": held,
+                "ids": [self.ids[d] for d in held]}
 
     def mask(self, dataset, index: int, sample: dict) -> None:
         """Zero the loss mask of the quarantined documents' targets in `sample` (dataset index `index`)."""
