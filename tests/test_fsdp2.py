@@ -39,7 +39,8 @@ def fsdp2_resumed_on_one_process(root, runs):
 
 @shared_runs(nproc=2, needs=["fsdp2_runs"])
 def resumed_under_fsdp2(root, runs):
-    """FSDP2 on 2 processes resumes FSDP2's step-5 checkpoint (the layout it was saved at) and DDP's."""
+    """FSDP2 on 2 processes resumes FSDP2's step-5 checkpoint (the layout it was saved at) and DDP's: two FSDP2
+    engines one after the other in each process (a second one failed before each had a mesh of its own)."""
     return {name: SHORT + ["parallel=fsdp2", f"checkpoint.load={saved(runs['fsdp2_runs'].root / name)}"]
             for name in ("fsdp2", "ddp")}
 
