@@ -2,7 +2,8 @@
 (torch's fully_shard per transformer layer, then the root). Three things of that wrapper are adjusted here, each
 reproduced on 2 gloo processes (docs/fsdp2.md):
 - it builds its DeviceMesh on "cuda" unconditionally; on CPU fully_shard then fails in _get_device_from_mesh
-  ("device(): argument 'index' must be int, not str"), so on CPU the mesh is built on "cpu";
+  ("device(): argument 'index' must be int, not str"), so on CPU the mesh is built on "cpu"; and each engine's
+  mesh gets a dimension name of its own (`_Mesh`: a second FSDP2 engine in one process failed without);
 - its default wrap set also names ColumnParallelLinear and LanguageModelEmbedding: on CPU the layers' linears are
   ColumnParallelLinear inside already-sharded TransformerLayers (fully_shard then meets DTensor params and fails
   in DeviceMesh._concatenate), and the tied output layer reads the embedding's weight outside the embedding's
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from ...model import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
 
+import itertools
 from contextlib import contextmanager
 
 import megatron.core.distributed.torch_fully_sharded_data_parallel as torch_fsdp
@@ -45,17 +47,28 @@ class FSDP2Chunk(torch_fsdp.TorchFullyShardedDataParallel):
         """fully_shard's backward hooks reduce-scatter the grads already; nothing is left to finish."""
 
 
-class _CpuMesh:
-    @staticmethod
-    def from_group(group, device_type):
-        return DeviceMesh.from_group(group, "cpu")
+_MESHES = itertools.count()      # one mesh name per wrap in this process (_Mesh)
+
+
+class _Mesh:
+    """What the wrapper's `DeviceMesh.from_group(group, "cuda")` builds: on "cpu" where the run is on CPU, and
+    under a dimension name of its own. A DeviceMesh equals any other over the same ranks and names whatever its
+    process group, and DTensor's sharding propagation caches each op's output spec, mesh included, by those
+    inputs: a second FSDP2 engine in one process (a job after another: tests/run_jobs.py, the rank pool) got the
+    first one's mesh back on its gradients, whose group was destroyed ("Could not resolve the process group
+    registered under the name 1" in the grad norm). Meshes named apart never share a cache entry."""
+
+    def __init__(self, on_cpu: bool):
+        self.device, self.name = "cpu" if on_cpu else None, f"fsdp2_dp{next(_MESHES)}"
+
+    def from_group(self, group, device_type):
+        return DeviceMesh.from_group(group, self.device or device_type, mesh_dim_names=(self.name,))
 
 
 @contextmanager
 def _mesh_on(on_cpu: bool):
     saved = torch_fsdp.DeviceMesh
-    if on_cpu:
-        torch_fsdp.DeviceMesh = _CpuMesh
+    torch_fsdp.DeviceMesh = _Mesh(on_cpu)
     try:
         yield
     finally:
