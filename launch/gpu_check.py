@@ -26,7 +26,7 @@ from common.text import markdown_table
 from launch import gpu_speed
 from launch.doctor import environment
 from pretrain.config.compose import load_recipe, to_yaml
-from pretrain.plan.hardware import device_name_to_type
+from pretrain.config.hardware import device_name_to_type
 
 OUT = Path(os.environ.get("GPU_CHECK_OUT") or REPO_ROOT / "runs" / "gpu-check")
 WORK = Path(os.environ.get("GPU_CHECK_WORK") or "/tmp/gpu-check")

@@ -17,7 +17,7 @@ import os
 from typing import Callable
 
 from pretrain.config.compose import load_recipe
-from pretrain.plan.hardware import device_name_to_type
+from pretrain.config.hardware import device_name_to_type
 
 SEQS = (2048, 8192)
 TOKENS_PER_STEP = 16384

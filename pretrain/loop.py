@@ -39,7 +39,7 @@ from .observability.downstream import DownstreamEvals
 from .observability.hooks import Hooks, Profiler
 from .observability.metrics import Metrics
 from .observability.straggler import StragglerDetector
-from .plan.hardware import this_device_peak_tflops
+from .config.hardware import this_device_peak_tflops
 from .restarts import DataChanged, Restarts, RunStopped  # noqa: F401 - train.py's exits
 from .schedules import lr_at
 from .stability.faults import FaultDrill

@@ -23,10 +23,10 @@ HEAVY = {"torch", "megatron", "deepspeed", "transformers", "lm_eval", "matplotli
          "wandb", "mlflow", "submitit", "numpy", "datasketch", "tokenizers", "sentencepiece", "pyarrow"}
 # What the ground floor may import besides itself, common/ and preprocessing's config: the registries
 # (names checked at compose time), the schedules' registry and batch ramp, DeepSpeed's template checks, and
-# two tables read by the precision rules: the fusions' kernel probes and the GPU types with FP8.
+# the fusions' kernel probes, read by the precision rules (the GPU table, config/hardware.py, is the floor's own).
 CONFIG_MAY_IMPORT = {"pretrain.engines.registry", "pretrain.optim.registry", "pretrain.observability.trackers.registry",
                      "pretrain.schedules", "pretrain.engines.deepspeed.ds_config", "preprocessing.config",
-                     "pretrain.model.fusions", "pretrain.plan.hardware", "pretrain.peft.registry"}
+                     "pretrain.model.fusions", "pretrain.peft.registry"}
 
 
 def modules(root: Path) -> dict[str, Path]:

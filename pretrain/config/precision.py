@@ -13,7 +13,7 @@ import importlib.util
 from typing import Callable
 
 from ..model.fusions import missing_required
-from ..plan.hardware import FP8_TYPES, MXFP8_TYPES
+from .hardware import FP8_TYPES, MXFP8_TYPES
 from .environment import environment_here
 from .schema import JobConfig
 

@@ -292,7 +292,7 @@ class ClusterConfig(JobStepConfig):
                                  "node).")
     nodes: int = doc(1, "Nodes in the job.")
     devices_per_node: int = doc(1, "GPUs per node (CPU ranks per node when running without GPUs).")
-    gpu_type: str = doc("H100-SXM", "Accelerator model; picks the peak TFLOP/s for MFU (pretrain/plan/hardware.py).")
+    gpu_type: str = doc("H100-SXM", "Accelerator model; picks the peak TFLOP/s for MFU (pretrain/config/hardware.py).")
     partition: Optional[str] = doc(None, "SLURM partition.")
     account: Optional[str] = doc(None, "SLURM account.")
     qos: Optional[str] = doc(None, "SLURM QOS.")

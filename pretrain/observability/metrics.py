@@ -5,7 +5,7 @@ Throughput: tokens/s over the logging window; model TFLOP/s per device = the FLO
 task hands over (pretrain/objectives/task.py: 6N + 12·L·s·H·Q with PEFT's and a teacher's terms,
 pretrain/model/inventory_peft.py; BERT / T5: the logged tokens are encoder tokens, global batch x seq_length,
 and the FLOPs per token a sample's, decoder included, / seq_length) x tokens/s / devices;
-MFU = that / the device's dense peak, also handed over (pretrain/plan/hardware.py; none on CPU).
+MFU = that / the device's dense peak, also handed over (pretrain/config/hardware.py; none on CPU).
 Memory: max allocated on GPU, resident set size on CPU.
 Time: each train record carries `window_s`, the seconds its `window_steps` steps took with evaluations and the
 blocking part of saves excluded (their own seconds: `eval_s` in evaluation records, `stall_s` in

@@ -12,7 +12,7 @@ from ..model.inventory_encdec import ENCDEC_ARCHS
 from ..model.mla import mla_plan
 from .encdec import encdec_plan
 from .fsdp2 import fsdp2
-from .hardware import DEVICES, peak_tflops
+from ..config.hardware import DEVICES, peak_tflops
 from .memory import memory_per_gpu, stage_param_bytes
 from .moe import moe_plan
 from .peft import added_params, teacher_at, training_flops

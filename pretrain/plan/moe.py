@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from ..config.schema import JobConfig
 from ..model.inventory import count_params, layer_kinds
-from .hardware import COLLECTIVE_LATENCY_S
+from ..config.hardware import COLLECTIVE_LATENCY_S
 
 
 def exchange_bytes_per_layer(cfg: JobConfig) -> float:

@@ -51,7 +51,7 @@ from ..config.attention import causal_pairs, materialises_scores, window_pattern
 from ..config.derive import pipeline_stage_layers
 from ..config.schema import JobConfig
 from ..model.inventory import count_params, layer_tensors
-from .hardware import (
+from ..config.hardware import (
     ATTENTION_FRACTION,
     ATTENTION_MATMULS,
     COLLECTIVE_LATENCY_S,

@@ -33,7 +33,7 @@ MXFP8_TYPES = frozenset({"B200"})
 
 def peak_tflops(gpu_type: str, half_precision: bool) -> Optional[float]:
     if gpu_type not in PEAK_TFLOPS:
-        raise KeyError(f"cluster.gpu_type={gpu_type!r} is not in pretrain/plan/hardware.py "
+        raise KeyError(f"cluster.gpu_type={gpu_type!r} is not in pretrain/config/hardware.py "
                        f"({', '.join(PEAK_TFLOPS)}); add its peak TFLOP/s there.")
     return PEAK_TFLOPS[gpu_type][0 if half_precision else 1]
 
@@ -106,7 +106,7 @@ KERNELS_PER_LAYER = 36       # TE transformer layer: ~12 kernels forward (norms,
 def device(gpu_type: str) -> dict:
     """The attainable-rate row of a GPU type, or a clear error naming the field and the fix."""
     if gpu_type not in DEVICES:
-        raise KeyError(f"cluster.gpu_type={gpu_type!r} has no attainable rates in pretrain/plan/hardware.py DEVICES "
+        raise KeyError(f"cluster.gpu_type={gpu_type!r} has no attainable rates in pretrain/config/hardware.py DEVICES "
                        f"(have {', '.join(DEVICES)}); the layout search needs them. Fix: set cluster.gpu_type to "
                        "one of those, or add a row with its sources.")
     return DEVICES[gpu_type]
