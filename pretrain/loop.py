@@ -25,6 +25,7 @@ from .checkpoint.meta import LoopState, checkpoint_meta
 from .checkpoint.store import CheckpointStore
 from .checkpoint.timed import TimedSaves
 from .config.derive import batch_ramp
+from .config.hardware import this_device_peak_tflops
 from .config.schema import JobConfig
 from .data import attribution
 from .data.datasets import BatchSource, StepBatches, eval_batches, split_sizes, train_prefixes
@@ -39,7 +40,6 @@ from .observability.downstream import DownstreamEvals
 from .observability.hooks import Hooks, Profiler
 from .observability.metrics import Metrics
 from .observability.straggler import StragglerDetector
-from .config.hardware import this_device_peak_tflops
 from .restarts import DataChanged, Restarts, RunStopped  # noqa: F401 - train.py's exits
 from .schedules import lr_at
 from .stability.faults import FaultDrill

@@ -5,9 +5,9 @@ mask per windowed layer."""
 import pytest
 
 from pretrain.config.compose import load_recipe
+from pretrain.config.hardware import ATTENTION_MATMULS
 from pretrain.model.inventory import count_params
 from pretrain.plan.estimate import make_plan
-from pretrain.config.hardware import ATTENTION_MATMULS
 from pretrain.plan.memory import memory_per_gpu
 from pretrain.plan.peft import training_flops
 from pretrain.plan.perf import _attention, rates, shape

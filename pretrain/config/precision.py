@@ -13,8 +13,8 @@ import importlib.util
 from typing import Callable
 
 from ..model.fusions import missing_required
-from .hardware import FP8_TYPES, MXFP8_TYPES
 from .environment import environment_here
+from .hardware import FP8_TYPES, MXFP8_TYPES
 from .schema import JobConfig
 
 FP8_FORMATS = (None, "e4m3", "hybrid")

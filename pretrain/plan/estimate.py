@@ -6,13 +6,13 @@ from typing import Optional
 
 from ..config.attention import assumed_attention, windowed_layers
 from ..config.derive import derive
+from ..config.hardware import DEVICES, peak_tflops
 from ..config.schema import JobConfig
 from ..model.inventory import count_params
 from ..model.inventory_encdec import ENCDEC_ARCHS
 from ..model.mla import mla_plan
 from .encdec import encdec_plan
 from .fsdp2 import fsdp2
-from ..config.hardware import DEVICES, peak_tflops
 from .memory import memory_per_gpu, stage_param_bytes
 from .moe import moe_plan
 from .peft import added_params, teacher_at, training_flops

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..config.hardware import COLLECTIVE_LATENCY_S
 from ..config.schema import JobConfig
 from ..model.inventory import count_params, layer_kinds
-from ..config.hardware import COLLECTIVE_LATENCY_S
 
 
 def exchange_bytes_per_layer(cfg: JobConfig) -> float:

@@ -49,8 +49,6 @@ from dataclasses import dataclass
 
 from ..config.attention import causal_pairs, materialises_scores, window_pattern
 from ..config.derive import pipeline_stage_layers
-from ..config.schema import JobConfig
-from ..model.inventory import count_params, layer_tensors
 from ..config.hardware import (
     ATTENTION_FRACTION,
     ATTENTION_MATMULS,
@@ -64,6 +62,8 @@ from ..config.hardware import (
     device,
     peak_tflops,
 )
+from ..config.schema import JobConfig
+from ..model.inventory import count_params, layer_tensors
 from .moe import exchange_seconds
 from .peft import layer_added_tensors, teacher_at, training_flops
 

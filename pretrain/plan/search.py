@@ -29,11 +29,11 @@ from typing import Iterator, Optional
 from common.config import ConfigError
 
 from ..config.derive import derive
+from ..config.hardware import device
 from ..config.peft import distill_problems
 from ..config.schema import JobConfig
 from ..config.validate import validate
 from ..model.inventory_encdec import ENCDEC_ARCHS
-from ..config.hardware import device
 from .memory import memory_per_gpu, stage_param_bytes
 from .peft import composed_teacher
 from .perf import rates, shape, step_time
