@@ -103,37 +103,32 @@ class Trainer(Restarts):
         """Checkpoint the current step, unless a weight is non-finite on any rank (False). The commit
         (meta.json, rename) runs once every rank's shards are on disk: right away, or later from
         finalize_saves (checkpoint.async_save). `valid_loss`: measured on these weights, if it was."""
-        entered = time.perf_counter()
-        self.engine.finalize_saves(blocking=True)        # one save in flight at a time
-        started, st = time.perf_counter(), self.state
-        if not self.engine.weights_finite():
-            self.metrics.event({"kind": "save_refused", "step": st.step, "why": "non-finite weights"})
-            return False
-        st.data = self.train_batches.state()
-        st.guard = self.guard.state()
-        st.skipped_steps = self.metrics.skipped_total
-        step = st.step
-        directory = self.store.begin(step)
-        meta = checkpoint_meta(self.cfg, st, self.engine.checkpoint_meta(), data=self.data_identity,
-                               health={"weights_finite": True, "valid_loss": valid_loss})
+        with self.collective_timeout.relaxed():   # a save or an evaluation may outlast a step's timeout
+            entered = time.perf_counter()
+            self.engine.finalize_saves(blocking=True)        # one save in flight at a time
+            started, st = time.perf_counter(), self.state
+            if not self.engine.weights_finite():
+                self.metrics.event({"kind": "save_refused", "step": st.step, "why": "non-finite weights"})
+                return False
+            st.data = self.train_batches.state()
+            st.guard = self.guard.state()
+            st.skipped_steps = self.metrics.skipped_total
+            step = st.step
+            directory = self.store.begin(step)
+            meta = checkpoint_meta(self.cfg, st, self.engine.checkpoint_meta(), data=self.data_identity,
+                                   health={"weights_finite": True, "valid_loss": valid_loss})
 
-        def commit() -> None:
-            path = self.store.commit(step, meta)
-            self.log(f">> saved checkpoint {path} {time.perf_counter() - started:.1f} s after it was started")
+            def commit() -> None:
+                path = self.store.commit(step, meta)
+                self.log(f">> saved checkpoint {path} {time.perf_counter() - started:.1f} s after it was started")
 
-        self.engine.save_checkpoint(directory, on_done=commit)
-        self.saved_step = step
-        self.timed_saves.saved()
-        self.metrics.saved(step, time.perf_counter() - entered)   # throughput excludes the save's blocking part
-        return True
+            self.engine.save_checkpoint(directory, on_done=commit)
+            self.saved_step = step
+            self.timed_saves.saved()
+            self.metrics.saved(step, time.perf_counter() - entered)   # throughput excludes the save's blocking part
+            return True
 
     def _validate_and_save(self, final: bool) -> bool:
-        """`_evaluate_then_save` under the start-up collective timeout: a save or an evaluation may hold a
-        collective longer than a step may (stability/timeouts.py)."""
-        with self.collective_timeout.relaxed():
-            return self._evaluate_then_save(final)
-
-    def _evaluate_then_save(self, final: bool) -> bool:
         """This step's validation (eval.eval_interval; always at the end) and then its save
         (checkpoint.save_interval; save_final), so a checkpoint records the loss measured on its own
         weights. Non-finite validation or weights roll back instead (False)."""
@@ -148,7 +143,8 @@ class Trainer(Restarts):
                 return False
         if self.downstream is not None and self.downstream.due(st.step, final):
             started = time.perf_counter()
-            self.downstream.run(st.step)          # the weights the save below writes
+            with self.collective_timeout.relaxed():
+                self.downstream.run(st.step)      # the weights the save below writes
             self.metrics.exclude(time.perf_counter() - started)
         due = ((interval > 0 and st.step % interval == 0) or (final and cfg.checkpoint.save_final)
                or self.timed_saves.due())        # evaluated alike on every rank: the same collectives
@@ -166,16 +162,17 @@ class Trainer(Restarts):
         return lr_at(position, **self.lr_kwargs) * state.lr_scale
 
     def evaluate(self, split: str) -> Optional[float]:
-        dataset = self.valid if split == "valid" else self.test
-        if dataset is None or self.cfg.eval.eval_iters == 0:
-            return None
-        started = time.perf_counter()
-        batches = eval_batches(dataset, self.cfg, self.engine.dp_rank, self.engine.dp_size)
-        loss = sum(self.engine.eval_loss(b) for b in batches) / len(batches)
-        seconds = time.perf_counter() - started
-        self.metrics.exclude(seconds)        # throughput counts steps only
-        self.history.append(self.metrics.evaluation(self.state.step, split, loss, seconds))
-        return loss
+        with self.collective_timeout.relaxed():   # a save or an evaluation may outlast a step's timeout
+            dataset = self.valid if split == "valid" else self.test
+            if dataset is None or self.cfg.eval.eval_iters == 0:
+                return None
+            started = time.perf_counter()
+            batches = eval_batches(dataset, self.cfg, self.engine.dp_rank, self.engine.dp_size)
+            loss = sum(self.engine.eval_loss(b) for b in batches) / len(batches)
+            seconds = time.perf_counter() - started
+            self.metrics.exclude(seconds)        # throughput counts steps only
+            self.history.append(self.metrics.evaluation(self.state.step, split, loss, seconds))
+            return loss
 
     def train(self) -> List[dict]:
         cfg, rank = self.cfg, dist_rank()
