@@ -53,6 +53,9 @@ def single_rank_megatron():
 
 DEMO: dict = {}
 DEMO_LOCK = threading.Lock()
+# The environment as the session found it: the demo build may run in a background thread while a unit test has
+# monkeypatched the variables `make` reads (OVERRIDES, RECIPE, DRY_RUN), which its subprocess would inherit.
+SESSION_ENV = dict(os.environ)
 
 
 def build_demo_data() -> Path:
@@ -68,7 +71,7 @@ def build_demo_data() -> Path:
             with exclusive(REPO / "data" / ".demo-build.lock"):
                 for target in (["make", "-s", "data"], ["make", "-s", "preprocess", "RECIPE=gpt-tiny"],
                                ["make", "-s", "preprocess", "PREPROCESS=demo-sentences"]):   # BERT's and T5's
-                    res = subprocess.run(target, cwd=REPO, capture_output=True, text=True)
+                    res = subprocess.run(target, cwd=REPO, capture_output=True, text=True, env=SESSION_ENV)
                     if res.returncode != 0:
                         DEMO["error"] = (f"{' '.join(target)}: exit {res.returncode}\n"
                                          f"{res.stdout[-3000:]}{res.stderr[-3000:]}")
@@ -169,7 +172,7 @@ def pytest_sessionstart(session):
     gc.set_threshold(50_000, 20, 20)
 
 
-SLURM_CLUSTER: dict = {}      # tests/slurm_cluster.sh start's result, until test_slurm.py's `slurm` fixture takes it
+SLURM_CLUSTER: dict = {}      # tests/slurm_cluster.sh start's result, until the `slurm` fixture takes it
 
 
 def can_run_slurm() -> bool:
@@ -183,7 +186,7 @@ def start_slurm_cluster() -> None:
 
 
 def pytest_sessionfinish(session):
-    """A cluster started for test_slurm.py whose tests never ran (an aborted session) is stopped here, and the
+    """A cluster started for the SLURM tests that never ran (an aborted session) is stopped here, and the
     spawned-rank tests' shared ranks (tests/rank_pool.py) end with the session."""
     close_session_pool()
     thread = PREFETCH.get("slurm")
@@ -205,3 +208,7 @@ def pytest_collection_finish(session):
     if "slurm" in used and "slurm" not in PREFETCH and can_run_slurm():
         PREFETCH["slurm"] = threading.Thread(target=start_slurm_cluster, name="slurm-start", daemon=True)
         PREFETCH["slurm"].start()
+
+
+# the SLURM test modules share one cluster for the session (a fixture registered here, defined with its job helpers)
+from tests.slurm_jobs import slurm  # noqa: E402,F401

@@ -1,6 +1,7 @@
 """SLURM scripts rendered without a cluster: multi-node recipes' layouts, the site profile (container,
 srun arguments, account, setup, env) in every job and step, DRY_RUN and LAUNCHER handling of
-`make pretrain` and `make preprocess`. The jobs themselves run in tests/test_slurm.py."""
+`make pretrain` and `make preprocess`. The jobs themselves run in tests/test_slurm.py and
+tests/test_slurm_preprocessing.py."""
 import json
 import os
 import re
