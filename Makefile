@@ -89,7 +89,8 @@ setup: $(STAMP)  ## create .venv with pinned deps (idempotent)
 
 test: $(STAMP)  ## the whole test suite (CI's command; < 13 min on 2 cores)
 	@$(PY) -m compileall -q -j 0 $(CODE) >/dev/null   # .pyc even where PYTHONDONTWRITEBYTECODE is set (CI)
-	$(PY) -m pytest -q --durations=30
+	@# two pytest processes: the serial tail's drills fill the cores the SLURM tests and the last launches leave idle
+	$(PY) tests/suite.py -q --durations=30
 
 test-fast: $(STAMP)  ## unit tier for the edit-test loop: no torchrun, SLURM or end-to-end make (< 2 min)
 	@$(PY) -m compileall -q -j 0 $(CODE) >/dev/null

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -19,21 +19,26 @@ from common.paths import RECIPES_DIR
 
 from .config.compose import check_cli_overrides, finalize, from_yaml, to_yaml
 from .config.schema import JobConfig
-from .dist import release_subgroups
 from .engines.registry import create_engine
-from .loop import DataChanged, RunStopped, Trainer
-from .objectives.task import Task, build_task
-from .observability.banner import run_banner
-from .observability.provenance import record as record_provenance
 from .stability.exit_codes import DATA_CHANGED, REQUEUE_EXIT, RUN_DIR_BUSY, RUN_STOPPED, record_exit
-from .stability.lifetime import RunDirBusy, die_with_launcher, lock_run_dir
-from .stability.preemption import RunPreempted
+
+if TYPE_CHECKING:
+    from .loop import Trainer
+    from .objectives.task import Task
+
+# torch, megatron-core and the runtime are imported when a run starts, not with this module: `--cfg job`, `--help`
+# and a refused override answer in a second instead of after ~8 s of imports.
 
 
 def run(job: JobConfig, keep_process_group: bool = False) -> int:
     """Train `job` in this process (one rank of torchrun/srun, or a single process).
     keep_process_group: leave torch.distributed up for another job in the same processes.
     Exit codes: pretrain/stability/exit_codes.py (4: another live trainer holds the run directory)."""
+    import torch.distributed as dist
+
+    from .dist import release_subgroups
+    from .objectives.task import build_task
+    from .stability.lifetime import RunDirBusy, die_with_launcher, lock_run_dir
     die_with_launcher()                  # torchrun's workers are in their own sessions: go when it goes
     task = build_task(job)               # what is trained: the objective and its adapters, FLOPs per token
     engine = create_engine(job, task.objective)
@@ -57,11 +62,19 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
 
 def trainer_for(job: JobConfig, run_dir) -> Trainer:
     """The task, its engine and the loop of `job` in this process, in the hall's order (tests drive it directly)."""
+    from .loop import Trainer
+    from .objectives.task import build_task
     task = build_task(job)
     return Trainer(job, create_engine(job, task.objective), Path(run_dir), task)
 
 
 def _train(job: JobConfig, task: Task, engine, run_dir: Path) -> int:
+    import torch.distributed as dist
+
+    from .loop import DataChanged, RunStopped, Trainer
+    from .observability.banner import run_banner
+    from .observability.provenance import record as record_provenance
+    from .stability.preemption import RunPreempted
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / "config.yaml", to_yaml(job))

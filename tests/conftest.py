@@ -4,6 +4,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from tests.training import SETS, SessionRuns
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 WANTED_RUNS = pytest.StashKey[set]()
+TAIL_GATE_ITEM = pytest.StashKey[str]()
 # The BIG-bench tasks the demo pipeline decontaminates against (test_evals.py and test_inloop_evals.py make two)
 PREFETCH_BIGBENCH = list(DEFAULT_BIGBENCH)
 PREFETCH: dict = {}
@@ -123,6 +125,16 @@ def fetch_bigbench_tasks():
     bigbench_task_files(PREFETCH_BIGBENCH, REPO / BIGBENCH_TASKS, REPO / CACHE)
 
 
+def pytest_addoption(parser):
+    group = parser.getgroup("suite", "make test's two processes (tests/suite.py)")
+    group.addoption("--suite-part", choices=("all", "main", "tail"), default="all",
+                    help="main: every test but the serial tail (the slow tests that read no shared run and start no "
+                         "SLURM job); tail: only those; all (default): both, in one process")
+    group.addoption("--tail-gate", default=None, metavar="PATH",
+                    help="the main part creates PATH when it reaches the SLURM tests (or the readers of the last "
+                         "launches); the tail part waits for PATH before its first test")
+
+
 def pytest_collection_modifyitems(config, items):
     """Order: the unit tier (and the slow tests marked beside_training: a few seconds of their own spawned
     ranks each), then the slow tests that read shared runs (they wait for the training that started
@@ -149,6 +161,35 @@ def pytest_collection_modifyitems(config, items):
             return (1, (last[0], -1)) if "slurm" in fixtures and last else (2,)
         return (1, max((finish[n] for n in sets_of(item)), default=last))
     items.sort(key=key)
+    part = config.getoption("suite_part")
+    if part != "all":
+        keep = [item for item in items if (key(item) == (2,)) == (part == "tail")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
+    if part == "main":     # the SLURM tests (half idle) and the last launches: the tail's process may start now
+        gate = (1, (last[0], -1)) if last else (1,)
+        config.stash[TAIL_GATE_ITEM] = next((item.nodeid for item in items if key(item) >= gate), None)
+
+
+def pytest_runtest_setup(item):
+    if item.nodeid == item.config.stash.get(TAIL_GATE_ITEM, None):
+        open_tail_gate(item.config)
+
+
+def open_tail_gate(config) -> None:
+    gate = config.getoption("tail_gate")
+    if gate and config.getoption("suite_part") == "main":
+        Path(gate).touch()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """The tail's process (tests/suite.py) waits for the main one's gate: its drills fill the cores the SLURM
+    tests and the last launches leave idle, instead of competing with the first wave of training."""
+    gate = session.config.getoption("tail_gate")
+    if gate and session.config.getoption("suite_part") == "tail":
+        while not Path(gate).exists():
+            time.sleep(1.0)
 
 
 def pytest_sessionstart(session):
@@ -162,6 +203,8 @@ def pytest_sessionstart(session):
     generation of 50,000 objects, not 700): 7.6 s of 171 s, measured alone."""
     import gc
 
+    if session.config.pluginmanager.getplugin("dsession") is not None:
+        return      # a pytest-xdist controller: it runs no test (its workers import for themselves)
     import megatron.core  # noqa: F401
     import scipy.optimize  # noqa: F401 - scipy brings its own OpenBLAS: loaded now, so that the limit reaches it
     import torch  # heavy; imported here so the limit is set before any test computes
@@ -189,6 +232,7 @@ def pytest_sessionfinish(session):
     """A cluster started for the SLURM tests that never ran (an aborted session) is stopped here, and the
     spawned-rank tests' shared ranks (tests/rank_pool.py) end with the session."""
     close_session_pool()
+    open_tail_gate(session.config)
     thread = PREFETCH.get("slurm")
     if thread is not None:
         thread.join()

@@ -17,6 +17,8 @@ import sys
 
 import torch.distributed as dist
 
+import pretrain.loop  # noqa: F401 - what pretrain.train imports when a run starts: before gc.freeze() below
+import pretrain.objectives.task  # noqa: F401
 from pretrain.config.compose import load_recipe
 from pretrain.train import run
 

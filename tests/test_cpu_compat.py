@@ -3,7 +3,8 @@ unpatched library. When an upgrade fixes one, this test fails: delete that adapt
 
 Each probe runs in its own process with every other adaptation applied, so it shows that
 exactly this one is still needed. The processes are forked from one interpreter that has
-imported megatron-core once (patches are global and cannot be undone in one process)."""
+imported megatron-core once (patches are global and cannot be undone in one process); the last one applies
+them all and runs every probe, which must pass."""
 import json
 import subprocess
 
@@ -12,19 +13,25 @@ import pytest
 from pretrain.engines.cpu_compat import ADAPTATIONS
 from tests.conftest import PY, REPO
 
+ALL = "*all*"                 # PROBE_ALL's key of the process with every adaptation applied
 PROBE_ALL = """
 import json, os, sys
 from pretrain.engines import cpu_compat as c
 import megatron.core.optimizer, megatron.core.models.gpt   # the expensive imports, once
 results = {}
-for a in c.ADAPTATIONS:
+for a in [*c.ADAPTATIONS, None]:
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:                                   # child: all but this adaptation, then its probe
+    if pid == 0:          # child: all but this adaptation, then its probe; the last: all of them, every probe
         os.close(read)
         try:
-            c.apply(skip=frozenset([a.name]))
-            a.probe()
+            if a is None:
+                assert c.apply()
+                for each in c.ADAPTATIONS:
+                    each.probe()
+            else:
+                c.apply(skip=frozenset([a.name]))
+                a.probe()
             out = "NO ERROR"
         except BaseException as e:
             out = "RAISED " + str(e)
@@ -38,7 +45,7 @@ for a in c.ADAPTATIONS:
             break
         chunks.append(chunk)
     os.waitpid(pid, 0)
-    results[a.name] = b"".join(chunks).decode(errors="replace")
+    results[a.name if a else "*all*"] = b"".join(chunks).decode(errors="replace")
 print(json.dumps(results))
 """
 
@@ -58,12 +65,8 @@ def test_adaptation_is_still_needed(adaptation, probe_results):
         f"remove this adaptation from pretrain/engines/cpu_compat.py. Probe said: {out[-500:]}")
 
 
-def test_adaptations_fix_their_probes():
-    code = ("from pretrain.engines import cpu_compat as c\nassert c.apply()\n"
-            "for a in c.ADAPTATIONS:\n    a.probe()\n"
-            "print('OK')\n")
-    res = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert "OK" in res.stdout, res.stderr[-2000:]
+def test_adaptations_fix_their_probes(probe_results):
+    assert probe_results[ALL] == "NO ERROR", probe_results[ALL][-2000:]
 
 
 def test_fused_softmax_is_asked_for_only_where_apex_provides_it(monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from common.config import ConfigError
+from common.files import exclusive
 from pretrain.config.compose import load_recipe
 from pretrain.config.data import FimConfig
 from pretrain.data.fim import FimDataset, FimTransform, fim_tokens
@@ -23,8 +24,12 @@ SIGMAS = 5
 
 
 def preprocess_fim_data():
-    """`make preprocess PREPROCESS=demo-fim` (after the demo_data fixture; ~7 s once, then markers skip it)."""
-    res = subprocess.run(["make", "-s", "preprocess", "PREPROCESS=demo-fim"], cwd=REPO, capture_output=True, text=True)
+    """`make preprocess PREPROCESS=demo-fim` (after the demo_data fixture; ~7 s once, then markers skip it). One
+    builder at a time: the shared runs' thread (fim_run) and this module's tests may both ask at once, and two
+    concurrent builds of one prefix overwrite each other's parts."""
+    with exclusive(REPO / "data" / ".demo-fim-build.lock"):
+        res = subprocess.run(["make", "-s", "preprocess", "PREPROCESS=demo-fim"], cwd=REPO, capture_output=True,
+                             text=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
 

@@ -33,3 +33,47 @@ def test_the_late_sets_of_a_launch_finish_after_its_other_sets():
             if key[:2] == other_key[:2] and SETS[name].late and not SETS[other].late:
                 assert other_key < key, (other, name)
     assert training.depth("reference_run") == 0
+
+
+class _Item:
+    """What pytest_collection_modifyitems reads of a test item (the stand-in of a collected pytest.Item)."""
+
+    def __init__(self, nodeid, markers=(), fixtures=()):
+        self.nodeid, self.markers, self.fixturenames = nodeid, set(markers), list(fixtures)
+
+    def get_closest_marker(self, name):
+        return name if name in self.markers else None
+
+
+class _Config:
+    def __init__(self, part):
+        import pytest
+        self.options, self.stash, self.deselected = {"suite_part": part}, pytest.Stash(), []
+        self.hook = self
+
+    def getoption(self, name):
+        return self.options[name]
+
+    def pytest_deselected(self, items):
+        self.deselected += items
+
+
+def test_make_tests_two_processes_split_the_suite_at_the_tail_and_the_gate_opens_at_the_slurm_tests():
+    from tests import conftest
+    from tests.suite import exit_status
+
+    def collected():
+        return [_Item("tail", ["slow"]), _Item("reader", ["slow"], ["reference"]), _Item("unit"),
+                _Item("slurm", ["slow"], ["slurm"]), _Item("beside", ["slow", "beside_training"])]
+    kept = {}
+    for part in ("all", "main", "tail"):
+        config, items = _Config(part), collected()
+        conftest.pytest_collection_modifyitems(config, items)
+        kept[part] = [item.nodeid for item in items]
+        assert sorted(kept[part] + [item.nodeid for item in config.deselected]) == sorted(kept["all"]), part
+        if part == "main":
+            assert config.stash[conftest.TAIL_GATE_ITEM] == "slurm"
+    assert kept == {"all": ["unit", "beside", "slurm", "reader", "tail"], "main": ["unit", "beside", "slurm", "reader"],
+                    "tail": ["tail"]}
+    assert [exit_status(0, 0), exit_status(5, 0), exit_status(0, 5), exit_status(5, 5)] == [0, 0, 0, 5]
+    assert [exit_status(1, 0), exit_status(0, 2), exit_status(5, 1), exit_status(3, 1)] == [1, 2, 1, 3]
