@@ -10,6 +10,7 @@ sliding-window layer and a global one of the same model, data.document_mask's ex
 bf16 stays within 1e-2 of the fp32 reference, relative to its largest value (the precision tests' bf16
 tolerance). FlexAttention's mask functions
 (windows, documents: the CUDA path) run eagerly on CPU, forward only (torch has no FlexAttention backward on CPU).
+Attention sinks (softmax_type=learnable) against megatron-core's SoftmaxOne, gradients of the sinks included.
 """
 import pytest
 import torch

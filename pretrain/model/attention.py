@@ -16,6 +16,10 @@ returns the same [s, b, heads x head dim] context, computed by
   (so does TP=2 against one process, tests/test_objectives_training.py), past issue #44's 1e-5 over 20 steps,
   and CPU runs are where this repository's losses are compared. The s x s scores a tiny CPU model keeps cost
   nothing that matters; the planner counts them (config/attention.py materialises_scores);
+* attention sinks (model.attention_sinks, megatron-core's softmax_type=learnable: one learned logit per head in
+  every row's softmax denominator): on CPU megatron-core's SoftmaxOne in its order (the sink appended as a key,
+  dropped after the softmax); elsewhere FlexAttention for every mask, its log-sum-exp turning the plain output into
+  the sinks' by a row scale (`with_sinks`);
 * nothing else: there is no silent fallback to the unfused path on GPUs; megatron-core's is
   model.attention_backend=unfused, asked for by name.
 
