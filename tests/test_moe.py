@@ -52,7 +52,8 @@ def test_a_gpu_recipe_keeps_cuda_only_moe_options():
 
 
 @pytest.mark.parametrize("recipe,total,active", [("mixtral-8x7b", 46.7e9, 12.9e9), ("olmoe-1b-7b", 6.9e9, 1.3e9),
-                                                 ("deepseek-moe-16b", 16.4e9, 2.8e9), ("gpt-oss-20b", 20.9e9, 4.2e9)])
+                                                 ("deepseek-moe-16b", 16.4e9, 2.8e9), ("gpt-oss-20b", 20.9e9, 4.2e9),
+                                                 ("gpt-oss-tiny", 3.16e6, 2.57e6)])
 def test_total_and_active_parameters_equal_the_built_model_and_the_published_sizes(single_rank_megatron, recipe,
                                                                                   total, active):
     """Built on the meta device (no memory) with megatron-core's own modules: every tensor counted."""
