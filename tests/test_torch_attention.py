@@ -190,6 +190,9 @@ def test_attention_sinks_equal_megatron_cores_learnable_softmax(tp1):
         new.cpu_in_unfused_order = False
         with torch.no_grad():
             assert (new(*[t.detach() for t in tensors], None) - a[0]).abs().max() < 1e-5
+            if layer == 2:          # a global layer with an explicit mask: no lse path; refused, not approximated
+                with pytest.raises(ValueError, match="Fix: model.attention_dropout=0, or model.attention_backend"):
+                    new(*[t.detach() for t in tensors], block_causal([SEQ]))
         new.cpu_in_unfused_order = True
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(2, 4, 12, 8, generator=g, requires_grad=True) for _ in range(3))
