@@ -12,7 +12,8 @@ from tests.conftest import PY, REPO
 EXPECTED_RECIPES = {"gpt-tiny", "llama-tiny", "gpt-125m", "gpt-350m", "gpt-760m", "gpt-1.3b", "gpt-2.7b",
                     "gpt-7b", "gpt-13b", "gpt-175b", "llama-1b", "llama-8b", "llama-70b", "moe-tiny", "mixtral-8x7b",
                     "olmoe-1b-7b", "deepseek-moe-16b", "gpt-tiny-lora", "gpt-tiny-distill", "llama-8b-lora",
-                    "bert-tiny", "t5-tiny", "llama-tiny-swa", "llama-8b-swa", "deepseek-v3"}
+                    "bert-tiny", "t5-tiny", "llama-tiny-swa", "llama-8b-swa", "deepseek-v3", "gpt-oss-tiny",
+                    "gpt-oss-20b"}
 
 
 def test_shipped_recipes_are_the_product_list():

@@ -20,7 +20,8 @@ SMALL = ["data=mock", "data.tokenizer.type=hf", f"model.vocab_size={VOCAB}", "mo
          "cluster.devices_per_node=1", "parallel.expert_model_parallel_size=1", "batch.global_batch_size=8",
          "stability.watchdog_minutes=0"]
 # family: (recipe, overrides). llama carries Llama-3.1's rope_scaling; ministral's window (32) is under the 48
-# positions compared; deepseek_v3 at 3 layers with top-4 of 8 experts in 4 groups of which 2 are used (what
+# positions compared; gpt_oss's clamp at 1 bites (7, gpt-oss's, would not at this init: tests/test_hf_gpt_oss.py);
+# deepseek_v3 at 3 layers with top-4 of 8 experts in 4 groups of which 2 are used (what
 # transformers' group ranking needs) and no MTP layer (transformers' DeepseekV3 has none to import)
 FAMILIES = {
     "gpt2": ("gpt-tiny", []),
@@ -29,6 +30,7 @@ FAMILIES = {
     "mixtral": ("moe-tiny", []),
     "qwen3": ("qwen3-tiny", []),
     "qwen3_moe": ("qwen3-moe-tiny", []),
+    "gpt_oss": ("gpt-oss-tiny", ["model.glu_clamp=1.0"]),
     "deepseek_v3": ("deepseek-tiny", ["model.num_layers=3", "model.mtp_num_layers=0"]),
     "megatron_bert": ("bert-tiny", ["model.num_layers=2"]),
 }
@@ -42,8 +44,8 @@ TRAINED = tuple(FAMILIES)
 
 @pytest.mark.parametrize("recipe,family", [
     ("gpt-tiny", "gpt2"), ("llama-tiny", "llama"), ("llama-tiny-swa", "ministral"), ("moe-tiny", "mixtral"),
-    ("qwen3-tiny", "qwen3"), ("qwen3-moe-tiny", "qwen3_moe"), ("deepseek-tiny", "deepseek_v3"),
-    ("bert-tiny", "megatron_bert"), ("t5-tiny", "t5")])
+    ("qwen3-tiny", "qwen3"), ("qwen3-moe-tiny", "qwen3_moe"), ("gpt-oss-tiny", "gpt_oss"),
+    ("deepseek-tiny", "deepseek_v3"), ("bert-tiny", "megatron_bert"), ("t5-tiny", "t5")])
 def test_each_recipe_belongs_to_one_family(recipe, family):
     from pretrain.hf.exporters import all_exporters, for_recipe
     cfg = load_recipe(recipe)
@@ -195,6 +197,17 @@ REFUSALS = [
     ("qwen3", {"hidden_act": "gelu"}, "hidden_act=gelu: the recipe's SwiGLU is silu-gated"),
     ("qwen3_moe", {"norm_topk_prob": False}, "Fix: moe.pre_softmax=true"),
     ("qwen3_moe", {"num_experts_per_tok": 3}, "Fix: moe.router_topk=3"),
+    ("gpt_oss", {"swiglu_limit": 5.0}, "Fix: model.glu_clamp=5.0"),
+    ("gpt_oss", {"swiglu_alpha": 1.0}, "swiglu_alpha=1.0: megatron-core's quick_gelu gate"),
+    ("gpt_oss", {"attention_bias": False}, "attention_bias=false"),
+    ("gpt_oss", {"sliding_window": 33}, "Fix: model.window_size=32 and model.global_layers=[1, 3]"),
+    ("gpt_oss", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "original_max_position_embeddings": 32}},
+     "Fix: model.yarn.correction_range_round_to_int=true"),
+    ("gpt_oss", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "truncate": False,
+                                     "original_max_position_embeddings": 32}}, "Fix: model.yarn.factor=8.0"),
+    ("gpt_oss", {"rope_parameters": {"rope_type": "default", "rope_theta": 150000.0}},
+     "the recipe has YaRN. Fix: model.position_embedding_type=rope"),
     ("deepseek_v3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0}},
      "rope_parameters.rope_type='yarn'"),
     ("deepseek_v3", {"n_group": 8}, "n_group=8, the recipe's 4 (moe.num_groups)"),

@@ -24,7 +24,8 @@ CASES = {
     "topk_within_experts": (["moe.router_topk=5"], "moe.router_topk=5 must be between 1 and moe.num_experts=4"),
     "top1_needs_pre_softmax": (["moe.router_topk=1"], "moe.pre_softmax=true (Switch Transformer)"),
     "world_tiles_experts": (["parallel.expert_model_parallel_size=4"], "not divisible by expert TP x EP x PP"),
-    "biases_refused": (["model.add_bias_linear=true"], "Fix: model.add_bias_linear=false"),
+    "biases_need_the_local_spec": (["model.add_bias_linear=true"], "Fix: model.transformer_impl=local, "
+                                   "moe.grouped_gemm=false"),
     "deepspeed_refused": (["parallel=ds-zero1"], "moe.num_experts with parallel.engine=deepspeed"),
     "cuda_only_on_cpu": (["moe.grouped_gemm=true"], "moe.grouped_gemm=true needs CUDA kernels"),
     "flex_on_cpu": (["moe.dispatcher=flex"], "moe.dispatcher=flex is DeepEP's CUDA kernels"),
@@ -51,7 +52,8 @@ def test_a_gpu_recipe_keeps_cuda_only_moe_options():
 
 
 @pytest.mark.parametrize("recipe,total,active", [("mixtral-8x7b", 46.7e9, 12.9e9), ("olmoe-1b-7b", 6.9e9, 1.3e9),
-                                                 ("deepseek-moe-16b", 16.4e9, 2.8e9)])
+                                                 ("deepseek-moe-16b", 16.4e9, 2.8e9), ("gpt-oss-20b", 20.9e9, 4.2e9),
+                                                 ("gpt-oss-tiny", 3.16e6, 2.57e6)])
 def test_total_and_active_parameters_equal_the_built_model_and_the_published_sizes(single_rank_megatron, recipe,
                                                                                   total, active):
     """Built on the meta device (no memory) with megatron-core's own modules: every tensor counted."""

@@ -10,6 +10,7 @@ sliding-window layer and a global one of the same model, data.document_mask's ex
 bf16 stays within 1e-2 of the fp32 reference, relative to its largest value (the precision tests' bf16
 tolerance). FlexAttention's mask functions
 (windows, documents: the CUDA path) run eagerly on CPU, forward only (torch has no FlexAttention backward on CPU).
+Attention sinks (softmax_type=learnable) against megatron-core's SoftmaxOne, gradients of the sinks included.
 """
 import pytest
 import torch
@@ -168,6 +169,42 @@ def test_flex_mask_functions_equal_the_unfused_attention(tp1, monkeypatch):
         want = ref(*tensors, block_causal(lengths, b=1))
         got = new(*[t.squeeze(1) for t in tensors], None, packed_seq_params=packed)
     assert (want.reshape(got.shape) - got).abs().max() < 1e-5
+
+
+def test_attention_sinks_equal_megatron_cores_learnable_softmax(tp1):
+    """softmax_type=learnable (gpt-oss's sinks): the CPU path equals megatron-core's unfused SoftmaxOne bit for bit,
+    gradients of the sinks included, in a causal and a windowed layer with GQA; the FlexAttention path (eager on
+    CPU, forward only) within 1e-5; and `with_sinks` (plain attention scaled by sigmoid(lse - sink)) has the
+    concatenated softmax's gradients for query, key, value and the sinks."""
+    from pretrain.model.attention import with_sinks
+    for layer in (1, 2):
+        cfg = config(2, softmax_type="learnable", window_size=(5, 0), window_attn_skip_freq=[1, 0])
+        ref, new = pair(cfg, layer=layer)
+        with torch.no_grad():
+            ref.softmax_offset.copy_(torch.tensor([-1.0, 0.5, 2.0, 4.0]))
+            new.softmax_offset.copy_(ref.softmax_offset)
+        tensors = inputs(2)
+        a, b = run(ref, tensors, None) + [ref.softmax_offset.grad], run(new, tensors, None) + [new.softmax_offset.grad]
+        assert a[0].abs().max() > 0.1 and a[-1].abs().min() > 0          # a real output; every sink has a gradient
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        new.cpu_in_unfused_order = False
+        with torch.no_grad():
+            assert (new(*[t.detach() for t in tensors], None) - a[0]).abs().max() < 1e-5
+            if layer == 2:          # a global layer with an explicit mask: no lse path; refused, not approximated
+                with pytest.raises(ValueError, match="Fix: model.attention_dropout=0, or model.attention_backend"):
+                    new(*[t.detach() for t in tensors], block_causal([SEQ]))
+        new.cpu_in_unfused_order = True
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 12, 8, generator=g, requires_grad=True) for _ in range(3))
+    sinks = torch.randn(4, generator=g, requires_grad=True)
+    scores = (q @ k.transpose(-1, -2)).masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), float("-inf"))
+    plain = torch.softmax(scores, -1) @ v
+    mine = with_sinks(plain, scores.logsumexp(-1), sinks)
+    theirs = torch.softmax(torch.cat([scores, sinks.reshape(1, 4, 1, 1).expand(2, 4, 12, 1)], -1), -1)[..., :-1] @ v
+    weight = torch.randn(mine.shape, generator=g)
+    grads = [torch.autograd.grad((x * weight).sum(), (q, k, v, sinks), retain_graph=True) for x in (mine, theirs)]
+    assert (mine - theirs).abs().max() < 1e-6
+    assert all((x - y).abs().max() < 1e-5 for x, y in zip(*grads, strict=True)) and grads[1][3].abs().min() > 0
 
 
 def test_the_record_names_the_module_and_kernel_that_run(monkeypatch):

@@ -107,10 +107,6 @@ def moe_problems(cfg, world: int, add) -> None:
         add(f"moe.capacity_factor={moe.capacity_factor} must be > 0 (null: dropless).")
     if moe.pad_to_capacity and moe.capacity_factor is None:
         add("moe.pad_to_capacity=true needs moe.capacity_factor.")
-    if m.add_bias_linear:
-        add("moe.num_experts with model.add_bias_linear=true: megatron-core 0.16.1's experts with biases fail in "
-            "backward ('a view ... is being modified in-place', megatron/core/transformer/mlp.py), on GPUs too. "
-            "Fix: model.add_bias_linear=false (Mixtral, OLMoE and DeepSeek have no biases).")
     if p.engine != "megatron":
         add(f"moe.num_experts with parallel.engine={p.engine}: experts are megatron-core's MoELayer, whose gradients "
             "are reduced over expert-data-parallel groups by megatron-core's DDP; DeepSpeed has its own MoE layer and "

@@ -18,6 +18,7 @@ from common.slurm_values import JobStepConfig
 from preprocessing.config import TokenizerConfig
 
 from .data import FimConfig
+from .gpt_oss_parts import YarnConfig
 from .mla import MLAConfig
 from .moe import MoEConfig
 from .objective import ObjectiveConfig
@@ -43,17 +44,26 @@ class ModelConfig:
     decoder_seq_length: Optional[int] = doc(None, "T5: decoder (target) length in tokens; null derives what the "
                                                   "denoising objective needs for seq_length.")
     max_position_embeddings: Optional[int] = doc(None, "Position table size / RoPE limit; null means seq_length.")
-    position_embedding_type: str = doc("learned_absolute", "'learned_absolute' (GPT) or 'rope' (Llama).")
+    position_embedding_type: str = doc("learned_absolute", "'learned_absolute' (GPT), 'rope' (Llama) or 'yarn' "
+                                                           "(RoPE by model.yarn; gpt-oss).")
     rotary_base: int = doc(10000, "RoPE theta.")
     rotary_percent: float = doc(1.0, "Fraction of each head's dimensions that RoPE rotates.")
     rope_scaling: bool = doc(False, "Llama 3.x RoPE frequency scaling (megatron-core's: low_freq_factor 1, "
                                     "high_freq_factor 4, original context 8192; `make import-hf` of a Llama 3.1 "
                                     "directory needs it).")
     rope_scaling_factor: float = doc(8.0, "Its factor (Llama 3.1: 8, Llama 3.2: 32).")
+    yarn: YarnConfig = doc(None, "YaRN RoPE with position_embedding_type=yarn (config/gpt_oss_parts.py).",
+                           factory=YarnConfig)
     normalization: str = doc("LayerNorm", "'LayerNorm' or 'RMSNorm'.")
     layernorm_epsilon: float = doc(1e-5, "Epsilon of every norm layer.")
     activation: str = doc("gelu", "MLP activation: 'gelu' or 'swiglu' (gated, two fc1 projections).")
-    add_bias_linear: bool = doc(True, "Biases in all linear layers (GPT: true, Llama: false).")
+    glu_activation: str = doc("silu", "Gate of the gated MLP (activation=swiglu): 'silu', or 'quick_gelu' "
+                                      "(x * sigmoid(1.702 x), gpt-oss).")
+    glu_linear_offset: float = doc(0.0, "Added to the gated MLP's linear half before the product (gpt-oss: 1).")
+    glu_clamp: Optional[float] = doc(None, "Clamp the gate above at c and the linear half to [-c, c] before the "
+                                           "product (gpt-oss: 7); null: none.")
+    add_bias_linear: bool = doc(True, "Biases in all linear layers (GPT: true, Llama: false; with MoE also the "
+                                      "router's and the experts').")
     untie_embeddings_and_output_weights: bool = doc(False, "Separate output layer instead of reusing the input "
                                                            "embedding.")
     vocab_size: int = doc(MISSING, "Tokenizer vocabulary size before padding (must be >= the tokenizer's).")
@@ -63,6 +73,8 @@ class ModelConfig:
     hidden_dropout: float = doc(0.0, "Dropout after attention/MLP outputs.")
     attention_dropout: float = doc(0.0, "Dropout on attention probabilities.")
     qk_layernorm: bool = doc(False, "Normalise queries and keys before the dot product (stability).")
+    attention_sinks: bool = doc(False, "A learned logit per head in every softmax's denominator (gpt-oss's sinks; "
+                                       "megatron-core softmax_type=learnable).")
     mla: MLAConfig = doc(None, "Multi-head latent attention (DeepSeek-V2/V3; pretrain/config/mla.py).",
                          factory=MLAConfig)
     embedding_layernorm: bool = doc(False, "Normalise the embedding output before the first layer (BLOOM; stability).")

@@ -17,6 +17,7 @@ from .blend_file import blend_problems
 from .data import document_mask_problems, fim_problems
 from .derive import batch_ramp, pipeline_stage_layers
 from .fsdp2 import fsdp2_problems
+from .gpt_oss_parts import gpt_oss_parts_problems
 from .mla import mla_problems
 from .moe import moe_problems
 from .mtp import mtp_problems
@@ -31,7 +32,7 @@ from .sentence_data import sentence_data_problems
 CHOICES = {
     "model.arch": tuple(ARCH_OBJECTIVE),
     "objective.name": OBJECTIVES,
-    "model.position_embedding_type": ("learned_absolute", "rope"),
+    "model.position_embedding_type": ("learned_absolute", "rope", "yarn"),
     "model.normalization": ("LayerNorm", "RMSNorm"),
     "model.activation": ("gelu", "swiglu"),
     "model.attention_backend": BACKENDS,
@@ -220,6 +221,7 @@ def validate(cfg: JobConfig) -> None:
     attention_problems(cfg, add)
     backend_problems(cfg, add)
     mla_problems(cfg, add)
+    gpt_oss_parts_problems(cfg, add)
     downstream_problems(cfg, add)
     peft_problems(cfg, add)
     mtp_problems(cfg, add)          # model.mtp_* (multi-token prediction)

@@ -12,7 +12,8 @@ tokenizer the run trained with is saved beside the weights; export.json says whe
 came from. Recipe features the target architecture cannot express are refused by name.
 
 Import writes a megatron-engine checkpoint (step 0) from an HF directory of a family with an import
-(GPT-2, Llama, Ministral, Mixtral, Qwen3, Qwen3-MoE, DeepseekV3, Megatron-BERT); start a run from it at any layout with
+(GPT-2, Llama, Ministral, Mixtral, Qwen3, Qwen3-MoE, GptOss, DeepseekV3,
+Megatron-BERT); start a run from it at any layout with
 `checkpoint.load=<dir> checkpoint.load_weights_only=true`. Each family is an `Exporter` in pretrain/hf/families/
 (pretrain/hf/exporters.py); this file holds none of them.
 """

@@ -33,6 +33,7 @@ import torch
 
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
+from ..model import hf_mapping
 from ..model.hf_mapping import State, canonical
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
@@ -48,7 +49,7 @@ def architecture(cfg: JobConfig) -> str:
 
 def unsupported(cfg: JobConfig) -> List[str]:
     """What DeepseekV3ForCausalLM cannot express of an MLA recipe, each naming the field (export refuses them)."""
-    m, moe, problems = cfg.model, cfg.moe, []
+    m, moe, problems = cfg.model, cfg.moe, hf_mapping.plain_glu_unsupported(cfg.model)
     if m.normalization != "RMSNorm" or m.activation != "swiglu" or m.add_bias_linear:
         problems.append("DeepseekV3 needs RMSNorm, SwiGLU and no biases (model.normalization/activation/"
                         "add_bias_linear)")

@@ -16,6 +16,10 @@ returns the same [s, b, heads x head dim] context, computed by
   (so does TP=2 against one process, tests/test_objectives_training.py), past issue #44's 1e-5 over 20 steps,
   and CPU runs are where this repository's losses are compared. The s x s scores a tiny CPU model keeps cost
   nothing that matters; the planner counts them (config/attention.py materialises_scores);
+* attention sinks (model.attention_sinks, megatron-core's softmax_type=learnable: one learned logit per head in
+  every row's softmax denominator): on CPU megatron-core's SoftmaxOne in its order (the sink appended as a key,
+  dropped after the softmax); elsewhere FlexAttention for every mask, its log-sum-exp turning the plain output into
+  the sinks' by a row scale (`with_sinks`);
 * nothing else: there is no silent fallback to the unfused path on GPUs; megatron-core's is
   model.attention_backend=unfused, asked for by name.
 
@@ -72,10 +76,6 @@ class TorchDotProductAttention(DotProductAttention):
                  softmax_scale=None, cp_comm_type=None, pg_collection=None, **kwargs):
         super().__init__(config, layer_number, attn_mask_type, attention_type, attention_dropout, softmax_scale,
                          cp_comm_type, pg_collection)
-        if self.config.softmax_type != "vanilla":
-            raise ValueError(f"model.attention_backend=torch: softmax_type={self.config.softmax_type} needs the "
-                             "softmax offset of megatron-core's unfused attention. Fix: model.attention_backend="
-                             "unfused.")
         self.window = (self.config.window_size[0] if is_layer_window_attention(
             self.config.window_size, self.config.window_attn_skip_freq, layer_number) else None)
         self.groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
@@ -85,13 +85,18 @@ class TorchDotProductAttention(DotProductAttention):
         if attention_bias is not None:
             raise ValueError("attention_bias is not supported by megatron-core's local attention either")
         thd = packed_seq_params is not None
+        dropout = self.attention_dropout.p if self.training else 0.0
         if query.device.type == "cpu" and self.cpu_in_unfused_order and not thd:
             masked = self._scores_mask(query.size(0), key.size(0), attention_mask, query.device)
             return self._in_unfused_order(query, key, value, masked)
+        if self.softmax_offset is not None and (dropout > 0 or not (thd or self.window is not None or
+                                                                      attention_mask is None)):
+            raise ValueError("attention sinks (softmax_type learnable/off-by-one) run on FlexAttention here: no "
+                             "attention dropout, causal, windowed or packed-document masks. Fix: "
+                             "model.attention_dropout=0, or model.attention_backend=unfused.")
         if thd:                                    # [t, heads, dim]: one packed row
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))       # [b, heads, s, dim]
-        dropout = self.attention_dropout.p if self.training else 0.0
         if dropout > 0 and not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():       # TP-region dropout stream, as megatron-core
                 context = self._attend(q, k, v, attention_mask, dropout, packed_seq_params)
@@ -130,7 +135,11 @@ class TorchDotProductAttention(DotProductAttention):
             scores = scores.float()
         if masked is not None:
             scores = scores.masked_fill_(masked, -10000.0)
-        probs = torch.softmax(scores, dim=-1).to(query.dtype)
+        if self.softmax_offset is None:
+            probs = torch.softmax(scores, dim=-1).to(query.dtype)
+        else:       # megatron-core's SoftmaxOne: the sink as one more key per head, dropped after the softmax
+            sink = self.softmax_offset.to(scores.dtype).reshape(1, -1, 1, 1).expand(b, -1, sq, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1].to(query.dtype)
         if self.training and self.attention_dropout.p > 0:
             if self.config.sequence_parallel:
                 probs = self.attention_dropout(probs)
@@ -146,6 +155,12 @@ class TorchDotProductAttention(DotProductAttention):
         gqa = self.groups > 1
         if packed_seq_params is not None:
             return self._documents(q, k, v, packed_seq_params, dropout)
+        if self.softmax_offset is not None:        # FlexAttention's lse gives the sinks (with_sinks), any device
+            window = self.window if self.window is not None else sk      # causal: a window as long as the keys
+
+            def sink_mask_mod(b, h, i, j):
+                return (j <= i + (sk - sq)) & (j >= i + (sk - sq) - window)
+            return self._flex(q, k, v, sink_mask_mod, ("sinks", sq, sk, window))
         if self.window is not None:       # megatron-core replaces any given mask by the window's (fused_softmax.py)
             if uses_flex(q.device, dropout):
                 window = self.window
@@ -180,7 +195,7 @@ class TorchDotProductAttention(DotProductAttention):
                              "padding); the data/packing.py path gives neither. Fix: model.attention_backend=te.")
         t = q.size(2)
         doc = document_ids(params.cu_seqlens_q, t)
-        if uses_flex(q.device, dropout):
+        if uses_flex(q.device, dropout) or self.softmax_offset is not None:
             def mask_mod(b, h, i, j):
                 return (doc[i] == doc[j]) & (j <= i)
             return self._flex(q, k, v, mask_mod, params)
@@ -190,7 +205,27 @@ class TorchDotProductAttention(DotProductAttention):
 
     def _flex(self, q, k, v, mask_mod, key):
         block = _block_mask(mask_mod, q.size(2), k.size(2), q.device, key)
-        return _compiled_flex()(q, k, v, block_mask=block, scale=self.softmax_scale, enable_gqa=self.groups > 1)
+        flex = _compiled_flex() if q.device.type == "cuda" else _eager_flex()
+        if self.softmax_offset is None:
+            return flex(q, k, v, block_mask=block, scale=self.softmax_scale, enable_gqa=self.groups > 1)
+        out, lse = flex(q, k, v, block_mask=block, scale=self.softmax_scale, enable_gqa=self.groups > 1,
+                        return_lse=True)
+        return with_sinks(out, lse, self.softmax_offset)
+
+
+def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention with a sink logit per head from attention without it: softmax over [scores, sink] is the plain
+    softmax times exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink), row by row ([b, heads, s, dim] `out`,
+    [b, heads, s] natural-log `lse`). Gradients reach the sinks and, through lse, the scores."""
+    scale = torch.sigmoid(lse.float() - sinks.float().reshape(1, -1, 1))
+    return out * scale.unsqueeze(-1).to(out.dtype)
+
+
+def _eager_flex():
+    """FlexAttention uncompiled: a CPU forward only (its backward is CUDA's); tests/test_torch_attention.py runs
+    the CUDA path's functions on CPU with it."""
+    from torch.nn.attention.flex_attention import flex_attention
+    return flex_attention
 
 
 _BLOCK_MASKS: dict = {}

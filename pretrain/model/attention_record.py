@@ -92,6 +92,9 @@ def torch_kernels(cfg) -> str:
     if not torch.cuda.is_available():
         return "torch SDPA; its kernel is picked on the GPU node (run make doctor there)"
     device = "cuda"
+    if m.attention_sinks:               # every mask on FlexAttention, its lse giving the sinks (model/attention.py)
+        return "torch FlexAttention with attention sinks (every layer: " + (
+            "packed documents)" if cfg.data.document_mask else "causal and windowed masks)")
     flex = m.attention_dropout == 0
     causal = cfg.objective.name in ("causal_lm",)
     parts = []

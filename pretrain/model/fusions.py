@@ -84,7 +84,8 @@ def applicable(cfg, flag: str) -> bool:
     """Whether the fusion serves this model and engine at all (a kernel for a layer it does not have is moot)."""
     m = cfg.model
     if flag == "bias_activation_fusion":      # exact GeLU everywhere: CPU runs, the HF export ("gelu")
-        return m.activation == "swiglu"
+        # megatron-core fuses quick_gelu's GLU only with per-token scales (experts), not in a dense MLP
+        return m.activation == "swiglu" and m.glu_activation == "silu"
     if flag == "cross_entropy_loss_fusion":
         return cfg.precision.bf16
     if flag == "gradient_accumulation_fusion":     # it writes weight gradients into main_grad, which megatron's

@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from megatron.core.activations import quick_gelu
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
@@ -15,12 +16,14 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig
 from megatron.core.utils import init_method_normal
 
 from ..config.attention import window_pattern
+from ..config.gpt_oss_parts import yarn_attributes
 from ..config.mla import mla_config_kwargs
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from . import fusions
 from .attention import use_torch_attention
 from .attention_record import core_attention, require_transformer_engine, te_spec
+from .biased_experts import use_biased_experts
 from .mla_attention import use_latent_attention
 from .mtp import fit_mtp_stage, mtp_block_spec, mtp_config
 
@@ -44,8 +47,12 @@ def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> Tran
         ffn_hidden_size=d.ffn_hidden_size,
         normalization=m.normalization,
         layernorm_epsilon=m.layernorm_epsilon,
-        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
+        activation_func=(quick_gelu if m.glu_activation == "quick_gelu" else F.silu) if m.activation == "swiglu"
+        else F.gelu,
         gated_linear_unit=m.activation == "swiglu",
+        glu_linear_offset=m.glu_linear_offset,
+        activation_func_clamp_value=m.glu_clamp,
+        softmax_type="learnable" if m.attention_sinks else "vanilla",
         add_bias_linear=m.add_bias_linear,
         init_method_std=m.init_method_std,
         hidden_dropout=m.hidden_dropout,
@@ -92,7 +99,11 @@ def transformer_config(cfg: JobConfig, *, on_gpu: Optional[bool] = None) -> Tran
         # megatron-core fuses MLA's RoPE only for YaRN (it raises otherwise); MLA rotates with 'rope' here
         kwargs.update(mla_config_kwargs(m), apply_rope_fusion=False)
         return MLATransformerConfig(**kwargs)
-    return TransformerConfig(**kwargs)
+    config = TransformerConfig(**kwargs)
+    if m.position_embedding_type == "yarn":     # attributes megatron-core reads, no declared fields (gpt_oss_parts.py)
+        for name, value in yarn_attributes(m).items():
+            setattr(config, name, value)
+    return config
 
 
 def fp8_config(cfg: JobConfig) -> dict:
@@ -151,6 +162,8 @@ def layer_spec(cfg: JobConfig, config: TransformerConfig, vp_stage: Optional[int
         block = get_gpt_decoder_block_spec(config, use_transformer_engine=use_transformer_engine(cfg),
                                            normalization=cfg.model.normalization, vp_stage=vp_stage)
         use_latent_attention(block.layer_specs)      # MLA layers (model/mla_attention.py)
+        if cfg.model.add_bias_linear:
+            use_biased_experts(block.layer_specs)     # model/biased_experts.py
         if torch_attention:
             use_torch_attention(block.layer_specs)
         return block

@@ -48,7 +48,10 @@ def unsupported(cfg: JobConfig) -> List[str]:
 def dense_unsupported(cfg: JobConfig, qk_norm: bool = False) -> List[str]:
     """What of a recipe's attention, norms and MLP the GPT-2 or Llama layout cannot express; `qk_norm`: the target
     normalises queries and keys per head as megatron-core's qk_layernorm does (Qwen3)."""
-    m, problems = cfg.model, []
+    m, problems = cfg.model, plain_glu_unsupported(cfg.model)
+    if m.attention_sinks:
+        problems.append("model.attention_sinks=true (sinks export to GptOssForCausalLM, pretrain/hf/families/"
+                        "gpt_oss.py: a Llama-layout recipe)")
     if m.qk_layernorm and not qk_norm:
         problems.append("model.qk_layernorm=true (neither GPT-2 nor Llama normalises queries/keys)")
     if m.embedding_layernorm:
@@ -73,6 +76,15 @@ def dense_unsupported(cfg: JobConfig, qk_norm: bool = False) -> List[str]:
             problems.append("Llama needs RMSNorm, SwiGLU and no biases "
                             "(model.normalization/activation/add_bias_linear)")
     return problems
+
+
+def plain_glu_unsupported(m) -> List[str]:
+    """gpt-oss's GLU (quick_gelu gate, offset, clamp) in a family whose gated MLP is plain SwiGLU (model config `m`)."""
+    if m.glu_activation == "silu" and m.glu_linear_offset == 0.0 and m.glu_clamp is None:
+        return []
+    return [f"model.glu_activation={m.glu_activation}/glu_linear_offset={m.glu_linear_offset}/glu_clamp="
+            f"{m.glu_clamp}: this family's MLP is plain SwiGLU (silu, 0, null); gpt-oss's GLU exports to "
+            "GptOssForCausalLM"]
 
 
 def window_mismatch(config, cfg: JobConfig) -> str:

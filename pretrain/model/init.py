@@ -4,10 +4,10 @@ megatron-core initialises each rank's shard from the RNG stream of its stage, so
 model starts from different weights than PP=1 and their losses cannot be compared. Here
 every weight matrix is drawn from a generator seeded by (seed, its global name), built
 at full size and sliced to this rank's shard (the split as megatron-core records it: model/replicas.py;
-a replicated weight whole on every rank). Biases and norms keep megatron-core's
-deterministic zeros/ones. Costs one transient full-size tensor per parameter at start-up,
-on the parameter's device, or on the host with `model.init_on_cpu` (the same weights on a CPU and a
-GPU run; `model.layout_invariant_init=false` keeps megatron-core's own init).
+a replicated weight whole on every rank), and so are attention sinks (`core_attention.softmax_offset`, one per
+head). Biases and norms keep megatron-core's deterministic zeros/ones. Costs one transient full-size tensor per
+parameter at start-up, on the parameter's device, or on the host with `model.init_on_cpu` (the same weights on a
+CPU and a GPU run; `model.layout_invariant_init=false` keeps megatron-core's own init).
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def layout_invariant_init(cfg: JobConfig, model_chunk, layer_offset: int,
     owner = owners(model_chunk)
     for local_name, param in model_chunk.named_parameters():
         shape = getattr(param, "ds_shape", param.shape)       # ZeRO-3 keeps the whole shape there
-        if len(shape) < 2:
+        if len(shape) < 2 and not local_name.endswith("softmax_offset"):    # attention sinks are drawn, as weights
             continue
         name = global_name(local_name, layer_offset, tied, expert_offset)
         # megatron-core's split, not TE's attribute alone: TE marks a duplicated Linear split (model/replicas.py)

@@ -28,6 +28,8 @@ def moe_mlp_tensors(cfg: JobConfig) -> list[Tensor]:
     """megatron-core's MoELayer (local spec, SequentialMLP experts): router, experts, shared experts."""
     moe, h = cfg.moe, cfg.model.hidden_size
     t = [Tensor("mlp.router.weight", (moe.num_experts, h), matmul=True)]
+    if cfg.model.add_bias_linear:       # the router's bias (gpt-oss)
+        t.append(Tensor("mlp.router.bias", (moe.num_experts,)))
     width = moe.ffn_hidden_size or cfg.derived.ffn_hidden_size
     for e in range(moe.num_experts):
         t += _mlp(cfg, f"mlp.experts.local_experts.{e}", width, expert=True)
@@ -52,6 +54,8 @@ def layer_tensors(cfg: JobConfig, moe: bool = False) -> list[Tensor]:
         t.append(Tensor("self_attention.linear_qkv.bias", (qkv_out,), "row"))
     if m.qk_layernorm:
         t += _norm("self_attention.q_layernorm", kv, cfg) + _norm("self_attention.k_layernorm", kv, cfg)
+    if m.attention_sinks:               # one learned logit per head (model/attention.py)
+        t.append(Tensor("self_attention.core_attention.softmax_offset", (m.num_attention_heads,), "row"))
     t.append(Tensor("self_attention.linear_proj.weight", (h, q_out), "col", matmul=True))
     if bias:
         t.append(Tensor("self_attention.linear_proj.bias", (h,)))

@@ -12,7 +12,8 @@ from ..exporters import Exporter, register
 
 
 def _llama_layout(cfg: JobConfig) -> bool:
-    return cfg.model.arch == "llama" and not cfg.model.mla.enabled and not cfg.model.qk_layernorm
+    return cfg.model.arch == "llama" and not cfg.model.mla.enabled and not cfg.model.qk_layernorm and \
+        not cfg.model.attention_sinks           # sinks: gpt-oss's (pretrain/hf/families/gpt_oss.py)
 
 
 def _function_mismatch(config, cfg: JobConfig) -> List[str]:

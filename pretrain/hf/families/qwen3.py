@@ -27,7 +27,8 @@ DENSE, MOE = "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"
 
 
 def claims(cfg: JobConfig) -> bool:
-    return cfg.model.arch == "llama" and cfg.model.qk_layernorm and not cfg.model.mla.enabled
+    return cfg.model.arch == "llama" and cfg.model.qk_layernorm and not cfg.model.mla.enabled and \
+        not cfg.model.attention_sinks
 
 
 def architecture(cfg: JobConfig) -> str:
