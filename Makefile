@@ -47,7 +47,7 @@ override PREPROCESS := $(value PREPROCESS)
 override SWEEP     := $(value SWEEP)
 override LADDER    := $(value LADDER)
 override GOLD      := $(value GOLD)
-export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER CKPT RUN STEP RUNS TASKS LIMIT DRY_RUN LAUNCHER SWEEP LADDER GOLD \
+export RECIPE OVERRIDES JSON INPUT OUTPUT TOKENIZER SHARD_SIZE CKPT RUN STEP RUNS TASKS LIMIT DRY_RUN LAUNCHER SWEEP LADDER GOLD \
 	GPUS MFU SEARCH TOP
 export PREPROCESS_CONFIG := $(PREPROCESS)
 
@@ -158,7 +158,7 @@ ablate: $(STAMP)  ## SWEEP='optim.lr=1e-4,3e-4 batch.global_batch_size=256,512' 
 ladder: $(STAMP)  ## LADDER=demo|gpu|<file.yaml> [OVERRIDES=...] [RUN=dir: fit only] [DRY_RUN=1]: sizes x budgets, fit L(N,D), compute-optimal N, D
 	$(PY) -m pretrain.scaling
 
-export: $(STAMP)  ## RUN=<run_dir> | CKPT=<ckpt> OUTPUT=<dir> [STEP=N]: a checkpoint of either engine -> HF transformers dir
+export: $(STAMP)  ## RUN=<run_dir> | CKPT=<ckpt> OUTPUT=<dir> [STEP=N] [SHARD_SIZE=5GB]: a checkpoint of either engine -> HF transformers dir
 	$(PY) -m pretrain.hf.convert export
 
 import-hf: $(STAMP)  ## INPUT=<hf dir> RECIPE=<recipe> OUTPUT=<ckpt dir>: an HF directory of a family with an import (docs/export-and-evals.md) -> our checkpoint (step 0)

@@ -117,6 +117,51 @@ def test_llama_tiny_exports_to_llama_and_round_trips(single_rank_megatron, tmp_p
     again = export(import_hf(exported, cfg, tmp_path / "imported"), tmp_path / "hf2")
     first, second = load_file(exported / "model.safetensors"), load_file(again / "model.safetensors")
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    sharded_export_equals_the_single_file(tmp_path / "run" / "checkpoints", exported, tmp_path / "hf-sharded")
+
+
+def sharded_export_equals_the_single_file(ckpt, single: Path, out: Path):
+    """A shard size a quarter of the model: several shards and transformers' index; the tensors are the single
+    file's, byte for byte, and from_pretrained gives the same logits. The single file is what save_pretrained of
+    the HF model holding the same tensors writes (the export before it streamed), config files too."""
+    import filecmp
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from pretrain.data.tokenizer import run_tokenizer
+    from pretrain.hf.convert import hf_model_class, mapping, megatron_state
+    from pretrain.hf.shards import INDEX
+    cfg = config_of(resolve(ckpt))
+    tok = run_tokenizer(cfg, "an export")
+    model = hf_model_class(cfg)(mapping(cfg).hf_config(cfg, tok.vocab_size, bos=tok.eod, eos=tok.eod))
+    model.load_state_dict(mapping(cfg).to_hf(megatron_state(resolve(ckpt), cfg)[0], cfg, tok.vocab_size))
+    model.save_pretrained(str(out.with_name("saved")))
+    assert all(filecmp.cmp(single / f, out.with_name("saved") / f, shallow=False)
+               for f in ("model.safetensors", "config.json", "generation_config.json"))
+    limit = (single / "model.safetensors").stat().st_size // 4
+    sharded = export(ckpt, out, max_shard_size=limit)
+    index = json.loads((sharded / INDEX).read_text())
+    files = sorted({*index["weight_map"].values()})
+    assert len(files) >= 4 and not (sharded / "model.safetensors").exists()
+    assert set(json.loads((sharded / "export.json").read_text())["files"]) == {
+        *files, INDEX, "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+        "export.json"}
+    whole, parts = load_file(single / "model.safetensors"), {}
+    for name in files:
+        shard = load_file(sharded / name)
+        assert set(shard) == {k for k, f in index["weight_map"].items() if f == name}
+        assert len(shard) == 1 or sum(t.numel() * t.element_size() for t in shard.values()) <= limit
+        parts.update(shard)
+    assert parts.keys() == whole.keys() and index["metadata"]["total_size"] == sum(
+        t.numel() * t.element_size() for t in whole.values())
+    assert all(torch.equal(parts[k].view(torch.uint8), whole[k].view(torch.uint8)) for k in whole)
+    assert (sharded / "config.json").read_text() == (single / "config.json").read_text()
+    ids = torch.arange(1, 17).unsqueeze(0)
+    with torch.no_grad():
+        a, b = (AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()(ids).logits
+                for d in (single, sharded))
+    assert torch.equal(a, b)
 
 
 def test_export_refuses_what_the_architecture_cannot_express(tmp_path):

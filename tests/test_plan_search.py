@@ -182,7 +182,7 @@ def test_moe_time_uses_active_weights_and_the_exchange():
     sh, rate, params = shape(cfg), rates(cfg), count_params(cfg)
     assert sh.topk == 2 and sh.model_matmul == params["matmul"] < 0.3 * params["total"]   # 12.9B active of 46.7B
     tokens = 4096
-    g_fwd, _, _, _ = layer_gemms(sh, tokens, 2, rate, 2)
+    g_fwd, _, _, _ = layer_gemms(sh, tokens, 2, rate, 2, ep=cfg.parallel.expert_model_parallel_size)   # 1 local
     # forward GEMMs: 2 x tokens x the ACTIVE layer weights (attention, router, 2 of 8 experts) / TP, at the ceiling
     ceiling = g_fwd / (2 * tokens * sh.matmul / 2 / rate.gemm)
     assert ceiling > 1.0 and ceiling < 1.1
@@ -193,6 +193,41 @@ def test_moe_time_uses_active_weights_and_the_exchange():
                                                         + 4 * 5e-6, rel=1e-12)
     t = step_time(cfg, rate, sh, stage_param_bytes(cfg))
     assert t["ep_comm"] == pytest.approx(cfg.derived.num_microbatches * 32 * exchange_seconds(cfg, rate), rel=1e-9)
+
+
+def test_sequential_experts_pay_per_expert_gemms_and_a_host_sync():
+    """moe.grouped_gemm=false is megatron-core's SequentialMLP: each of a rank's L local experts runs its own GEMMs
+    on 1/L of the routed rows (each wave-quantised alone, each launch after the first idle KERNEL_GAP_S), after one
+    host sync per layer forward; grouped, the L experts' tiles share the waves of one kernel. One local expert: the
+    same either way (SequentialMLP calls it directly)."""
+    from dataclasses import replace
+
+    from pretrain.config.hardware import HOST_SYNC_S, KERNEL_GAP_S
+    from pretrain.plan.perf import Shape
+    rate = rates(load_recipe("gpt-7b"))          # H100: 132 SMs, 128 x 256 output tiles
+    h, f = 1024, 512                             # swiglu expert: fc1 2f x h (column-parallel), fc2 h x f (row)
+    grouped = Shape(matmul=0, hidden=h, q=h, kv=h, ffn=2 * f, gate=2, rope=True, seq=1024,
+                    experts=((2 * f, h, "row"), (h, f, "col")), topk=2, num_experts=8, grouped_gemm=True)
+    sequential = replace(grouped, grouped_gemm=False)
+    tokens, local = 1024, 4                      # EP = 2: 4 local experts, 2048 routed rows, 512 through each
+    on, off = (layer_gemms(s, tokens, 1, rate, 2, ep=2) for s in (grouped, sequential))
+    # every product fits one wave even grouped (tiles of one expert: t; all four: 4t <= 132), so each of the L
+    # experts' GEMMs (F FLOPs) takes F / gemm x 132 / t, the grouped kernel L F / gemm x 132 / (L t): L - 1 of them
+    # more; the epilogue stores are the same
+    rows = tokens * 2 // local
+    products = [(2 * rows * h * h, 4 * 4), (2 * rows * h * h, 4 * 4), (2 * h * h * rows, 8 * 4),       # fc1
+                (2 * rows * h * f, 4 * 4), (2 * rows * f * h, 4 * 2), (2 * f * h * rows, 4 * 4)]      # fc2
+    flops = sum(flop / rate.gemm * rate.sms / tiles * (local - 1) for flop, tiles in products)
+    launches = 6 * (local - 1) * KERNEL_GAP_S
+    assert off[0] + off[1] - on[0] - on[1] == pytest.approx(flops + launches + HOST_SYNC_S, rel=1e-9)
+    forward = sum(flop / rate.gemm * rate.sms / tiles * (local - 1) for flop, tiles in products[0::3])
+    assert off[0] - on[0] == pytest.approx(forward + 2 * (local - 1) * KERNEL_GAP_S + HOST_SYNC_S, rel=1e-9)
+    assert off[2:] == on[2:]                                                      # same elements cast
+    assert layer_gemms(grouped, tokens, 1, rate, 2, ep=8) == layer_gemms(sequential, tokens, 1, rate, 2, ep=8)
+    cfg = load_recipe("qwen3-30b-a3b")           # EP = 8: 16 local experts per rank; the step is slower off
+    times = [step_time(c, rates(c), shape(c), stage_param_bytes(c))["step"]
+             for c in (cfg, load_recipe("qwen3-30b-a3b", ["moe.grouped_gemm=true"]))]
+    assert times[0] > times[1]
 
 
 def test_deepseek_v3_is_ranked_with_its_uneven_pipeline_split():

@@ -99,6 +99,9 @@ GEMM_TILE = (128, 256)       # output tile (tokens x features) of cuBLAS's large
 #                              wave quantization as in NVIDIA's "Matrix Multiplication Background" guide, sec. 3.2
 KERNEL_GAP_S = 1e-6          # idle GPU time per kernel launch in a stream of dependent kernels (~1 us: NVIDIA
 #                              developer blog "Getting Started with CUDA Graphs", 2019: 3.8 us per 2.9 us kernel)
+HOST_SYNC_S = 6e-6           # GPU idle per host synchronisation (a device-to-host read such as .tolist(): the queue
+#                              drains, the host reads, then launches again): same blog, 9.6 us per kernel when the
+#                              host synchronises after each launch against 3.8 us when it does not (its first example)
 KERNELS_PER_LAYER = 36       # TE transformer layer: ~12 kernels forward (norms, 4 GEMMs, RoPE, attention, bias-
 #                              dropout-adds, activation), ~24 backward (dgrad + wgrad per GEMM)
 

@@ -20,12 +20,12 @@ learned absolute position table, LayerNorm and biases. No transformers encoder-d
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Iterator, List
 
 import torch
 
 from ..config.schema import JobConfig
-from ..model.hf_mapping import Rule, State, _join_qkv, _same, _split_qkv, apply_backward, canonical
+from ..model.hf_mapping import Rule, State, _join_qkv, _same, _split_qkv, apply_backward, by_layer, canonical, merged
 
 
 def architecture(cfg: JobConfig) -> str:
@@ -114,10 +114,12 @@ def _no_token_types(table: torch.Tensor):
 
 def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
     """Our (canonical) BertModel state dict -> the HF model's (vocab cut to `vocab_size`)."""
-    s, out = canonical(state), {}
-    for ours, theirs, forward, _ in rules(cfg, vocab_size):
-        out.update(zip(theirs, forward(*(s[k] for k in ours)), strict=True))
-    return {k: v.contiguous() for k, v in out.items()}
+    return merged(hf_groups(state, cfg, vocab_size))
+
+
+def hf_groups(state: State, cfg: JobConfig, vocab_size: int) -> Iterator[State]:
+    """to_hf one encoder layer at a time (`make export` streams them into shards)."""
+    return by_layer(rules(cfg, vocab_size), canonical(state))
 
 
 def from_hf(hf: State, cfg: JobConfig) -> State:

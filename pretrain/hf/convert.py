@@ -6,8 +6,10 @@
 Export reads the checkpoint into one TP=1 fp32 model in this process, whatever layout wrote
 it: megatron-core checkpoints through dist_checkpointing's resharding load (weights only; a
 bf16/fp16 run's fp32 masters are taken, not the rounded copies), DeepSpeed ones through
-zero_to_fp32 / the universal merge (pretrain/engines/deepspeed/consolidate.py). The whole
-model is held in host memory once (plus the megatron engine's optimizer wrappers). The
+zero_to_fp32 / the universal merge (pretrain/engines/deepspeed/consolidate.py). That read holds the
+whole model in host memory once (plus the megatron engine's gradient buffers and optimizer wrappers); the
+HF side then streams: one layer's HF tensors at a time into safetensors shards of SHARD_SIZE (default 5GB,
+pretrain/hf/shards.py), the HF class built on the meta device for its names and shapes only. The
 tokenizer the run trained with is saved beside the weights; export.json says where they
 came from. Recipe features the target architecture cannot express are refused by name.
 
@@ -40,6 +42,7 @@ from ..model.hf_mapping import State
 from ..peft.registry import PEFT_METHODS
 from .exporters import Exporter, for_directory, for_recipe
 from .mtp_export import drop_mtp, note_text
+from .shards import DEFAULT_MAX_SHARD_SIZE, ShardWriter, tied_copies
 
 REFUSED_FIELDS = ("quantization_config",)       # HF config fields no import reproduces: refused by name
 
@@ -124,7 +127,40 @@ def architecture(cfg: JobConfig) -> str:
     return for_recipe(cfg).architecture(cfg)
 
 
-def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = None) -> Path:
+def write_model(cfg: JobConfig, state: State, tok, directory: Path, max_shard_size: int | str) -> None:
+    """save_pretrained's files of `state` (config, generation config, safetensors shards: pretrain/hf/shards.py), the
+    weights one layer's HF tensors at a time. The HF class is built on the meta device (names and shapes, no
+    memory); every tensor it holds must be written once at its shape, but those tied to another (shards.tied_copies)."""
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+    exporter = mapping(cfg)
+    with torch.device("meta"):
+        model = hf_model_class(cfg)(exporter.hf_config(cfg, tok.vocab_size, bos=tok.eod, eos=tok.eod))
+    expected, copies = {k: tuple(v.shape) for k, v in model.state_dict().items()}, tied_copies(model)
+    groups = exporter.hf_groups(state, cfg, tok.vocab_size) if exporter.hf_groups else \
+        iter([exporter.to_hf(state, cfg, tok.vocab_size)])
+    writer, written = ShardWriter(directory, max_shard_size), {}
+    for group in groups:
+        written.update((k, tuple(v.shape)) for k, v in group.items())
+        group = {k: v for k, v in group.items() if k not in copies}
+        writer.add_all(revert_weight_conversion(model, group).items())     # on-disk names, as save_pretrained
+    missing = [k for k in expected if k not in written and k not in copies]
+    unexpected = [k for k in written if k not in expected]
+    shapes = [f"{k} {written[k]} (HF {expected[k]})" for k in written if k in expected and written[k] != expected[k]]
+    if missing or unexpected or shapes:
+        raise RuntimeError(f"export mapping incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+                           f"shapes {shapes[:5]}")
+    writer.close(model.num_parameters())
+    model.config.dtype = str(model.dtype).split(".")[1]          # what save_pretrained records
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(str(directory))
+    if model.can_generate():
+        model.generation_config.save_pretrained(str(directory))
+
+
+def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = None,
+           max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """`ckpt` -> an HF directory at `output`, its weights in safetensors shards of at most `max_shard_size`."""
     check_output_dir(output, ours="export.json")          # before the conversion: OUTPUT=$HOME stops here
     ck = resolve(ckpt)
     cfg = config_of(ck)
@@ -139,16 +175,11 @@ def export(ckpt: str | Path, output: str | Path, tokenizer_path: str | None = No
     whole, mtp_note = drop_mtp(state)          # the HF architectures have no MTP module: named, counted, dropped
     if mtp_note:
         print(note_text(mtp_note))
-    state = mapping(cfg).to_hf(peft.merge(whole) if peft is not None else whole, cfg, tok.vocab_size)
-    model = hf_model_class(cfg)(mapping(cfg).hf_config(cfg, tok.vocab_size, bos=tok.eod, eos=tok.eod))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k != "lm_head.weight" or cfg.model.untie_embeddings_and_output_weights]
-    if missing or unexpected:
-        raise RuntimeError(f"export mapping incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
     output = Path(output)
     tmp = output.with_name(output.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
+    tmp.mkdir(parents=True)
+    write_model(cfg, peft.merge(whole) if peft is not None else whole, tok, tmp, max_shard_size)
     tok.save(tmp, max_length=cfg.derived.max_position_embeddings)
     beside = [p.name for p in peft.side_files(whole, tmp)] if peft is not None else []
     files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()) + ["export.json"]
@@ -214,10 +245,12 @@ def main() -> int:
         if env.get("STEP"):
             source = str(Path(source) / f"step_{int(env['STEP']):08d}")
         if not source or not env.get("OUTPUT"):
-            print("usage: make export RUN=<run_dir> | CKPT=<checkpoint> OUTPUT=<dir> [STEP=N] [TOKENIZER=...]",
+            print("usage: make export RUN=<run_dir> | CKPT=<checkpoint> OUTPUT=<dir> [STEP=N] [TOKENIZER=...] "
+                  "[SHARD_SIZE=5GB]",
                   file=sys.stderr)
             return 2
-        out = export(source, env["OUTPUT"], env.get("TOKENIZER") or None)
+        out = export(source, env["OUTPUT"], env.get("TOKENIZER") or None,
+                     env.get("SHARD_SIZE") or DEFAULT_MAX_SHARD_SIZE)
         loader = "AutoModelForPreTraining" if "Bert" in json.loads((out / "config.json").read_text())[
             "architectures"][0] else "AutoModelForCausalLM"
         print(f">> exported {source} -> {out} ({loader}.from_pretrained('{out}'))")

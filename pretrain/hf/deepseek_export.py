@@ -27,14 +27,14 @@ on CPU, where there is no Transformer Engine). MTP layers are dropped before thi
 """
 from __future__ import annotations
 
-from typing import Callable, List, Tuple
+from typing import Callable, Iterator, List, Tuple
 
 import torch
 
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
 from ..model import hf_mapping
-from ..model.hf_mapping import State, canonical
+from ..model.hf_mapping import State, by_layer, canonical, merged
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
 LATENT_NORM_EPS = 1e-6      # transformers' DeepseekV3Attention builds q_a_layernorm / kv_a_layernorm with the default
@@ -200,23 +200,24 @@ def _mlp_rules(ours: str, hf: str) -> List[Rule]:
 def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
     """Our state dict (MTP layers already dropped) -> DeepseekV3ForCausalLM's (vocab cut to `vocab_size`). A tensor
     no rule takes is an error, so nothing is left behind unnoticed."""
+    return merged(hf_groups(state, cfg, vocab_size))
+
+
+def hf_groups(state: State, cfg: JobConfig, vocab_size: int) -> Iterator[State]:
+    """to_hf one decoder layer at a time (`make export` streams them into shards); the check that every tensor has
+    a rule comes first, before any is converted."""
     s = {}
     for key, value in canonical(state).items():
         for te, local in TE_MLA_NAMES.items():
             if key.endswith(te):
                 key = key[: -len(te)] + local
         s[key] = value
-    out: State = {}
-    used = set()
-    bias = any(k.endswith("mlp.router.expert_bias") for k in s)
-    for ours, theirs, forward, _ in rules(cfg, vocab_size, bias):
-        out.update(zip(theirs, forward(*(s[k] for k in ours)), strict=True))
-        used.update(ours)
-    left = sorted(set(s) - used)
+    table = rules(cfg, vocab_size, any(k.endswith("mlp.router.expert_bias") for k in s))
+    left = sorted(set(s) - {k for ours, _, _, _ in table for k in ours})
     if left:
         raise ValueError(f"DeepseekV3 export: {len(left)} tensors of the checkpoint have no place in "
                          f"{ARCHITECTURE}: {left[:5]}")
-    return {k: v.contiguous() for k, v in out.items()}
+    return by_layer(table, s)
 
 
 def from_hf(hf: State, cfg: JobConfig) -> State:

@@ -2,9 +2,10 @@
 
 An `Exporter` holds one family: the transformers classes it writes and reads, which recipes are its
 (`claims`), what of a recipe it cannot express (`unsupported`, refused by name), the state-dict mapping
-both ways and the HF config. The families register themselves from pretrain/hf/families/ (a file dropped
-there is found with no other file changed), and a recipe belongs to exactly one of them: `claims` are
-disjoint, so no order of look-up can pick another family (tests/test_hf_families.py checks every recipe).
+both ways (export also one layer's tensors at a time, `hf_groups`) and the HF config. The families register
+themselves from pretrain/hf/families/ (a file dropped there is found with no other file changed), and a recipe
+belongs to exactly one of them: `claims` are disjoint, so no order of look-up can pick another family
+(tests/test_hf_families.py checks every recipe).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Exporter:
     hf_config: Callable                            # (cfg, vocab_size, bos, eos) -> transformers config
     from_hf: Optional[Callable] = None             # (HF state, cfg) -> our state; None: no import
     mismatch: Callable = _agrees                   # (HF config, cfg) -> where a directory differs from the recipe
+    hf_groups: Optional[Callable] = None           # to_hf as an iterator of groups (layers); None: one group
 
 
 EXPORTERS: Registry[Exporter] = Registry("HF exporter", "model family", discover="pretrain.hf.families")

@@ -24,7 +24,7 @@ from __future__ import annotations
 from . import third_party_warnings  # noqa: F401  # isort: skip  (before any megatron-core import)
 
 import re
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
 
@@ -293,10 +293,32 @@ def _expert_rules(experts: int, ours: str, hf: str) -> List[Rule]:
 
 def to_hf(state: State, cfg: JobConfig, vocab_size: int) -> State:
     """Our (canonical) state dict -> the HF model's state dict (vocab cut to `vocab_size`)."""
-    s, out = canonical(state), {}
-    for ours, theirs, forward, _ in rules(cfg, vocab_size):
-        out.update(zip(theirs, forward(*(s[k] for k in ours)), strict=True))
-    return {k: v.contiguous() for k, v in out.items()}
+    return merged(hf_groups(state, cfg, vocab_size))
+
+
+def hf_groups(state: State, cfg: JobConfig, vocab_size: int) -> Iterator[State]:
+    """to_hf one transformer layer at a time (`make export` streams them into shards)."""
+    return by_layer(rules(cfg, vocab_size), canonical(state))
+
+
+def by_layer(table: List[Rule], ours: State) -> Iterator[State]:
+    """The HF tensors of a rule table's export direction, one group per run of rules of the same HF layer (the first
+    number in the HF name; embeddings and final norms: groups of their own), each made when its turn comes."""
+    group: State = {}
+    layer = None
+    for keys, theirs, forward, _ in table:
+        number = re.search(r"\.(\d+)\.", theirs[0])
+        if group and (number and number.group(1)) != layer:
+            yield group
+            group = {}
+        layer = number and number.group(1)
+        group.update(zip(theirs, (t.contiguous() for t in forward(*(ours[k] for k in keys))), strict=True))
+    if group:
+        yield group
+
+
+def merged(groups: Iterator[State]) -> State:
+    return {k: v for group in groups for k, v in group.items()}
 
 
 def from_hf(hf: State, cfg: JobConfig) -> State:

@@ -25,7 +25,11 @@ principles, then the schedule, data-parallel reduction and optimizer are added:
   attention blocks (Transformer Engine's ring attention): only the excess counts;
 * PP: one send forward and one backward per micro-batch and model chunk; the 1F1B /
   interleaved bubble is (p-1)/v micro-batch times, i.e. a fraction (p-1)/(m v) of the work;
-* MoE (EP): each layer's routed experts as top-k of them per token (active, not total, weights; layer_gemms),
+* MoE (EP): each layer's routed experts as top-k of them per token (active, not total, weights; layer_gemms):
+  a rank's L = experts / EP local experts each take 1/L of its routed rows; moe.grouped_gemm runs them as one
+  grouped kernel per product (waves over all L experts' tiles), off it is megatron-core's SequentialMLP: one GEMM
+  per local expert (each wave-quantised alone, each launch KERNEL_GAP_S) after a host sync
+  (tokens_per_expert.tolist(), HOST_SYNC_S) per layer forward; L = 1 runs the one expert directly, no sync;
   plus the token exchange (dispatch + combine, forward + backward; again forward under full recompute), NOT
   overlapped with compute (moe.exchange_seconds); expert gradients are timed as reduced over DP like the rest;
 * DP: gradient reduce-scatter + parameter all-gather (distributed optimizer / ZeRO-1/2) or
@@ -55,6 +59,7 @@ from ..config.hardware import (
     COLLECTIVE_LATENCY_S,
     FP8_GEMM_SPEEDUP,
     GEMM_TILE,
+    HOST_SYNC_S,
     KERNEL_GAP_S,
     KERNELS_PER_LAYER,
     LINK_EFFICIENCY,
@@ -122,6 +127,8 @@ class Shape:
     experts: tuple = ()              # MoE: (out, in, split) of one routed expert's GEMMs, run by top-k per token
     topk: int = 0
     model_matmul: int = 0            # MoE: the ACTIVE GEMM weights a token goes through (inventory's `matmul`)
+    num_experts: int = 0             # MoE: routed experts per layer (a rank holds num_experts / EP of them)
+    grouped_gemm: bool = False       # MoE: a rank's local experts as one grouped GEMM (moe.grouped_gemm)
 
 
 def shape(cfg: JobConfig) -> Shape:
@@ -144,36 +151,57 @@ def shape(cfg: JobConfig) -> Shape:
                  pairs=sum(causal_pairs(m.seq_length, m.window_size if w else None)
                            for w in window_pattern(m) or [False] * m.num_layers) / m.num_layers,
                  experts=tuple((t.shape[0], t.shape[1], t.split) for t in experts), topk=topk,
-                 model_matmul=count_params(cfg)["matmul"] if moe.enabled else 0)
+                 model_matmul=count_params(cfg)["matmul"] if moe.enabled else 0,
+                 num_experts=moe.num_experts or 0, grouped_gemm=moe.grouped_gemm)
 
 
-def gemm_seconds(m: float, n: float, k: float, rate: Rates, out_bytes: float) -> float:
+def gemm_seconds(m: float, n: float, k: float, rate: Rates, out_bytes: float, groups: int = 1) -> float:
     """One GEMM (m x k) @ (k x n): 2mnk FLOPs at the matmul ceiling over the waves its output tiles take
-    (a last partial wave idles the other SMs), plus the epilogue's store of the m x n output at HBM speed."""
-    tiles = math.ceil(m / GEMM_TILE[0]) * math.ceil(n / GEMM_TILE[1])
+    (a last partial wave idles the other SMs), plus the epilogue's store of the m x n output at HBM speed.
+    `groups`: one grouped kernel running that many such GEMMs, their tiles sharing the waves."""
+    tiles = groups * math.ceil(m / GEMM_TILE[0]) * math.ceil(n / GEMM_TILE[1])
     waves = math.ceil(tiles / rate.sms)
-    return 2 * m * n * k / rate.gemm * waves * rate.sms / tiles + m * n * out_bytes / rate.hbm
+    return groups * (2 * m * n * k / rate.gemm * waves * rate.sms / tiles + m * n * out_bytes / rate.hbm)
 
 
-def layer_gemms(sh: Shape, tokens: float, tp: int, rate: Rates, e: int,
-                etp: int | None = None) -> tuple[float, float, float, float]:
+def expert_gemm_seconds(m: float, n: float, k: float, rate: Rates, out_bytes: float, local: int,
+                        grouped: bool) -> float:
+    """`local` experts' GEMMs of one product, each (m x k) @ (k x n): one grouped kernel, or (SequentialMLP) one
+    GEMM per expert, each quantised over the SMs on its own and each launch after the first idling KERNEL_GAP_S."""
+    if grouped or local == 1:
+        return gemm_seconds(m, n, k, rate, out_bytes, local)
+    return local * gemm_seconds(m, n, k, rate, out_bytes) + (local - 1) * KERNEL_GAP_S
+
+
+def layer_gemms(sh: Shape, tokens: float, tp: int, rate: Rates, e: int, etp: int | None = None,
+                ep: int = 1) -> tuple[float, float, float, float]:
     """(forward, backward) seconds of one layer's GEMMs on one rank, and the elements the forward and
     backward GEMMs take as inputs (what FP8 casts). Column-parallel ("row" split: output features)
     and row-parallel ("col": input features) weights are cut by TP. MoE routed experts (balanced routing): the
     EP group's tokens x top-k copies spread evenly over its ranks, so a rank runs tokens x top-k x ETP / TP rows
-    (SP tokens gathered over expert TP) through one expert's GEMMs cut by the expert TP degree `etp`, as one
-    grouped GEMM of that aggregate shape; its weight gradient is timed once at that shape too."""
+    (SP tokens gathered over expert TP) through one expert's GEMMs cut by the expert TP degree `etp`, 1/L of them
+    through each of its L = experts / `ep` local experts (expert_gemm_seconds: grouped or one GEMM each, each with
+    its own weight gradient); SequentialMLP with L > 1 adds its host sync to the forward."""
     etp = etp or tp
     fwd = bwd = cast_f = cast_b = 0.0
+    local = max(1, sh.num_experts // ep)
     routed = tokens * sh.topk * etp / tp
-    for frozen, gemms, rows, ways in ((sh.frozen, sh.gemms, tokens, tp), (False, sh.added, tokens, tp),
-                                      (sh.frozen, sh.experts, routed, etp)):
+    for frozen, gemms, rows, ways, n_exp in ((sh.frozen, sh.gemms, tokens, tp, 0), (False, sh.added, tokens, tp, 0),
+                                             (sh.frozen, sh.experts, routed / local, etp, local)):
         for out, inp, split in gemms:
             n, k = (out / ways, inp) if split == "row" else (out, inp / ways) if split == "col" else (out, inp)
-            fwd += gemm_seconds(rows, n, k, rate, e)
-            bwd += gemm_seconds(rows, k, n, rate, e)
-            bwd += 0.0 if frozen else gemm_seconds(k, n, rows, rate, MAIN_GRAD_BYTES)
-            cast_f, cast_b = cast_f + rows * k, cast_b + rows * n
+            if n_exp:
+                fwd += expert_gemm_seconds(rows, n, k, rate, e, n_exp, sh.grouped_gemm)
+                bwd += expert_gemm_seconds(rows, k, n, rate, e, n_exp, sh.grouped_gemm)
+                bwd += 0.0 if frozen else expert_gemm_seconds(k, n, rows, rate, MAIN_GRAD_BYTES, n_exp,
+                                                              sh.grouped_gemm)
+            else:
+                fwd += gemm_seconds(rows, n, k, rate, e)
+                bwd += gemm_seconds(rows, k, n, rate, e)
+                bwd += 0.0 if frozen else gemm_seconds(k, n, rows, rate, MAIN_GRAD_BYTES)
+            cast_f, cast_b = cast_f + rows * k * max(1, n_exp), cast_b + rows * n * max(1, n_exp)
+    if sh.experts and local > 1 and not sh.grouped_gemm:
+        fwd += HOST_SYNC_S       # tokens_per_expert.tolist(): the queue drains before the per-expert split
     return fwd, bwd, cast_f, cast_b
 
 
@@ -220,7 +248,8 @@ def step_time(cfg: JobConfig, rate: Rates, sh: Shape, stage_params: list[tuple[i
     rc = p.recompute_granularity
     full, again = rc == "full", rc in ("full", "selective")      # forward GEMMs / core attention repeated
 
-    g_fwd, g_bwd, cast_f, cast_b = layer_gemms(sh, tokens, tp, rate, e, p.expert_tensor_parallel_size)
+    g_fwd, g_bwd, cast_f, cast_b = layer_gemms(sh, tokens, tp, rate, e, p.expert_tensor_parallel_size,
+                                               p.expert_model_parallel_size)
     attn_f, attn_b = _attention(sh, b, s, cp, tp, rate, e)
     elem_f, elem_b = _elementwise(sh, tokens, tp, p.sequence_parallel, rate, e, cast_f, cast_b)
     per_node = rate.per_node
@@ -339,7 +368,8 @@ def teacher_seconds(teacher: JobConfig, rate: Rates) -> float:
     tp, cp, sp = p.tensor_model_parallel_size, p.context_parallel_size, p.sequence_parallel
     b, e = teacher.batch.micro_batch_size, 2 if teacher.precision.half else 4
     tokens = b * sh.seq / cp
-    g_fwd, _, cast_f, _ = layer_gemms(sh, tokens, tp, rate, e)
+    g_fwd, _, cast_f, _ = layer_gemms(sh, tokens, tp, rate, e, p.expert_tensor_parallel_size,
+                                      p.expert_model_parallel_size)
     attn_f, _ = _attention(sh, b, sh.seq, cp, tp, rate, e)
     elem_f, _ = _elementwise(sh, tokens, tp, sp, rate, e, cast_f, 0.0)
     one, calls_f, _ = _tp_collective(sh, tokens, tp, sp, rate, e)

@@ -53,7 +53,7 @@ def _family(name: str, architecture: str, claims) -> Exporter:
     return register(Exporter(name=name, architectures=(architecture,), claims=claims,
                              architecture=lambda cfg: architecture, unsupported=hf_mapping.unsupported,
                              to_hf=hf_mapping.to_hf, hf_config=hf_mapping.hf_config, from_hf=hf_mapping.from_hf,
-                             mismatch=_mismatch))
+                             mismatch=_mismatch, hf_groups=hf_mapping.hf_groups))
 
 
 GPT2 = _family("gpt2", "GPT2LMHeadModel", lambda cfg: cfg.model.arch == "gpt" and not cfg.model.mla.enabled)

@@ -109,8 +109,8 @@ def mismatch(config, cfg: JobConfig) -> str:
 QWEN3 = register(Exporter(
     name="qwen3", architectures=(DENSE,), claims=lambda cfg: claims(cfg) and not cfg.moe.enabled,
     architecture=architecture, unsupported=unsupported, to_hf=hf_mapping.to_hf, hf_config=hf_config,
-    from_hf=hf_mapping.from_hf, mismatch=mismatch))
+    from_hf=hf_mapping.from_hf, mismatch=mismatch, hf_groups=hf_mapping.hf_groups))
 QWEN3_MOE = register(Exporter(
     name="qwen3_moe", architectures=(MOE,), claims=lambda cfg: claims(cfg) and cfg.moe.enabled,
     architecture=architecture, unsupported=unsupported, to_hf=hf_mapping.to_hf, hf_config=hf_config,
-    from_hf=hf_mapping.from_hf, mismatch=mismatch))
+    from_hf=hf_mapping.from_hf, mismatch=mismatch, hf_groups=hf_mapping.hf_groups))
