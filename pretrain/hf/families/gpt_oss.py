@@ -154,11 +154,13 @@ def rules(cfg: JobConfig, vocab_size: int) -> List[Rule]:
     return table
 
 
+def hf_groups(state, cfg: JobConfig, vocab_size: int):
+    """to_hf one layer at a time (`make export` streams them into shards)."""
+    return hf_mapping.by_layer(rules(cfg, vocab_size), hf_mapping.canonical(state))
+
+
 def to_hf(state, cfg: JobConfig, vocab_size: int):
-    s, out = hf_mapping.canonical(state), {}
-    for ours, theirs, forward, _ in rules(cfg, vocab_size):
-        out.update(zip(theirs, forward(*(s[k] for k in ours)), strict=True))
-    return {k: v.contiguous() for k, v in out.items()}
+    return hf_mapping.merged(hf_groups(state, cfg, vocab_size))
 
 
 def from_hf(hf, cfg: JobConfig):
@@ -226,4 +228,5 @@ def mismatch(config, cfg: JobConfig) -> str:
 
 GPT_OSS = register(Exporter(
     name="gpt_oss", architectures=(ARCHITECTURE,), claims=claims, architecture=lambda cfg: ARCHITECTURE,
-    unsupported=unsupported, to_hf=to_hf, hf_config=hf_config, from_hf=from_hf, mismatch=mismatch))
+    unsupported=unsupported, to_hf=to_hf, hf_config=hf_config, from_hf=from_hf, mismatch=mismatch,
+    hf_groups=hf_groups))
