@@ -26,11 +26,14 @@ def test_a_hung_rank_makes_every_rank_dump_stacks_and_the_job_exit_nonzero(tmp_p
     elapsed = time.monotonic() - started
     assert res.returncode != 0 and "FAULT INJECTED: rank 1 stops before step 3" in res.stdout + res.stderr
     assert elapsed < 120, elapsed                           # 6 s watchdog, not the 30-minute collective timeout
-    dumps = {r: (run_dir / "hang" / f"rank{r}.txt").read_text() for r in (0, 1)}
+    dumps = {r: path.read_text() for r in (0, 1) if (path := run_dir / "hang" / f"rank{r}.txt").exists()}
     for rank, text in dumps.items():
         assert "Timeout (0:00:06)!" in text and "most recent call first" in text, (rank, text[:500])
     assert "inject_hang" in dumps[1]                         # where the hung rank is
-    assert "train_step" in dumps[0]                          # where its peer waits
+    # Where its peer waits: its own watchdog's dump names train_step. Both armed after step 2 and fire together on
+    # an idle machine; on a busy one they can arm seconds apart, and when the hung rank's exit comes first gloo fails
+    # the peer's collective at once (NCCL would leave it waiting for its own watchdog): its traceback names it then.
+    assert "train_step" in dumps.get(0, res.stdout + res.stderr), (sorted(dumps), res.stderr[-3000:])
 
 
 def records_of(run_dir, kind="train"):
