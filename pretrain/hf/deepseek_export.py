@@ -141,14 +141,8 @@ def _unstacked(w):
 def rules(cfg: JobConfig, vocab_size: int, expert_bias: bool) -> List[Rule]:
     """Every tensor of the main model: our keys, HF keys, the conversion each way (one table for export and
     import). `expert_bias`: the routers carry one (without, HF's correction bias is zeros)."""
-    m, moe, padded = cfg.model, cfg.moe, cfg.derived.padded_vocab_size
-
-    def unpad(w):
-        return (w[:vocab_size],)
-
-    def pad(w):
-        return (torch.cat([w, w.new_zeros(padded - w.shape[0], *w.shape[1:])]) if w.shape[0] < padded else w,)
-
+    m, moe = cfg.model, cfg.moe
+    unpad, pad = hf_mapping.converters(cfg, vocab_size)[:2]
     table: List[Rule] = [(("embedding.word_embeddings.weight",), ("model.embed_tokens.weight",), unpad, pad)]
     pattern = moe_layer_pattern(moe, m.num_layers) if moe.enabled else [0] * m.num_layers
     q = (("linear_q_down_proj", "q_a_proj"), ("q_layernorm", "q_a_layernorm"), ("linear_q_up_proj", "q_b_proj")) \

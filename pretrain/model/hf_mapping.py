@@ -213,11 +213,10 @@ def _transposed(*t):                      # GPT-2's Conv1D stores (in, out)
     return tuple(x.t().contiguous() for x in t)
 
 
-def rules(cfg: JobConfig, vocab_size: int) -> List[Rule]:
-    """Every tensor of the model: our keys, HF keys, and the conversion each way (one table serves
-    export and import, so the two cannot drift apart)."""
-    m, padded = cfg.model, cfg.derived.padded_vocab_size
-    h = m.hidden_size
+def converters(cfg: JobConfig, vocab_size: int) -> tuple:
+    """(unpad, pad, qkv_split, qkv_join): the vocabulary rows cut to `vocab_size` and padded back to the model's
+    padded size, the fused QKV split into HF's q, k, v and joined back; what every rule table's conversions share."""
+    padded = cfg.derived.padded_vocab_size
 
     def unpad(w):
         return (w[:vocab_size],)
@@ -230,7 +229,15 @@ def rules(cfg: JobConfig, vocab_size: int) -> List[Rule]:
 
     def qkv_join(q, k, v):
         return (_join_qkv(q, k, v, cfg),)
+    return unpad, pad, qkv_split, qkv_join
 
+
+def rules(cfg: JobConfig, vocab_size: int) -> List[Rule]:
+    """Every tensor of the model: our keys, HF keys, and the conversion each way (one table serves
+    export and import, so the two cannot drift apart)."""
+    m = cfg.model
+    h = m.hidden_size
+    unpad, pad, qkv_split, qkv_join = converters(cfg, vocab_size)
     table: List[Rule] = []
     tied = not m.untie_embeddings_and_output_weights
     if m.arch == "gpt":

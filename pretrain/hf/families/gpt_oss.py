@@ -26,7 +26,7 @@ import torch
 from ...config.attention import window_pattern
 from ...config.schema import JobConfig
 from ...model import hf_mapping
-from ...model.hf_mapping import Rule, _join_qkv, _same, _split_qkv, apply_backward
+from ...model.hf_mapping import Rule, _same, apply_backward
 from ..exporters import Exporter, register
 
 ARCHITECTURE = "GptOssForCausalLM"
@@ -120,20 +120,7 @@ def _expert_rules(experts: int, ours: str, hf: str) -> List[Rule]:
 
 def rules(cfg: JobConfig, vocab_size: int) -> List[Rule]:
     """Every tensor of a gpt-oss recipe's model: our keys, HF keys, the conversion each way."""
-    padded = cfg.derived.padded_vocab_size
-
-    def unpad(w):
-        return (w[:vocab_size],)
-
-    def pad(w):
-        return (torch.cat([w, w.new_zeros(padded - w.shape[0], *w.shape[1:])]) if w.shape[0] < padded else w,)
-
-    def qkv_split(w):
-        return _split_qkv(w, cfg)
-
-    def qkv_join(q, k, v):
-        return (_join_qkv(q, k, v, cfg),)
-
+    unpad, pad, qkv_split, qkv_join = hf_mapping.converters(cfg, vocab_size)
     table: List[Rule] = [(("embedding.word_embeddings.weight",), ("model.embed_tokens.weight",), unpad, pad)]
     for i in range(cfg.model.num_layers):
         ours, hf = f"decoder.layers.{i}.", f"model.layers.{i}."
