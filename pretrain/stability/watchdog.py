@@ -6,7 +6,8 @@ after every step, evaluation and checkpoint save (`kick`). When it fires, each r
 the Python stacks of all its threads to <run_dir>/hang/rank<N>.txt and exits with status 1;
 torchrun/srun then fail the job and SLURM's requeue (or the restart chain) resumes from the
 newest checkpoint. A rank that hangs stalls its peers in the next collective, so every
-rank's watchdog fires and the dumps show both the hung rank and where the others wait. The restart
+rank's watchdog fires and the dumps show both the hung rank and where the others wait (with gloo, a peer armed
+later sees the hung rank's exit first and its failed collective's traceback names that place instead). The restart
 moves an earlier start's dumps to <run_dir>/hang/earlier/ (named by the time they were written) before it
 arms its own, so the stacks of the hang that caused the requeue outlive the run.
 """
