@@ -21,6 +21,7 @@ from .config.compose import check_cli_overrides, finalize, from_yaml, to_yaml
 from .config.schema import JobConfig
 from .engines.registry import create_engine
 from .stability.exit_codes import DATA_CHANGED, REQUEUE_EXIT, RUN_DIR_BUSY, RUN_STOPPED, record_exit
+from .stability.preemption import RunPreempted, catch_at_start
 
 if TYPE_CHECKING:
     from .loop import Trainer
@@ -74,7 +75,6 @@ def _train(job: JobConfig, task: Task, engine, run_dir: Path) -> int:
     from .loop import DataChanged, RunStopped, Trainer
     from .observability.banner import run_banner
     from .observability.provenance import record as record_provenance
-    from .stability.preemption import RunPreempted
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / "config.yaml", to_yaml(job))
@@ -105,6 +105,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    catch_at_start()                           # SLURM's time-limit USR1 may come before the loop is up
     if len(sys.argv) == 3 and sys.argv[1] == "--config":
         sys.exit(record_exit(command(lambda: run(from_yaml(sys.argv[2])))()))
     check_cli_overrides(sys.argv[1:])          # misspelt or `+`-added keys, as every make target refuses them
