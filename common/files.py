@@ -12,7 +12,7 @@ import shutil
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Callable, Dict, Iterator, Optional
 
 
 def fsync_dir(path: Path | str) -> None:
@@ -119,15 +119,26 @@ _HELD_GUARD = threading.Lock()
 
 
 @contextmanager
-def exclusive(path: Path | str) -> Iterator[None]:
+def exclusive(path: Path | str, on_wait: Optional[Callable[[str], None]] = None) -> Iterator[None]:
     """Hold `path` (a lock file, created if missing) against other processes and other threads of this one.
     POSIX record locks (lockf), not flock: a process forked while a thread holds a flock shares the open file and
     keeps the lock for its whole life (a test session's forked checkpoint Manager held the BIG-bench download
     lock so, and `make preprocess` waited forever); a record lock belongs to the process that took it and is not
-    inherited. Record locks do not exclude threads of one process, so a per-path thread lock does that."""
+    inherited. Record locks do not exclude threads of one process, so a per-path thread lock does that.
+    The holder writes "<pid> <host>" into the file; `on_wait(that text)` is called before waiting on another
+    process, so that a wait is never silent where the caller says so."""
     key = os.path.abspath(path)
     with _HELD_GUARD:
         here = _HELD.setdefault(key, threading.Lock())
-    with here, open(path, "a") as f:
-        fcntl.lockf(f, fcntl.LOCK_EX)          # released when this process closes the file, also on an error
+    with here, open(path, "a+") as f:
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:                        # EAGAIN or EACCES: another process holds it
+            if on_wait is not None:
+                f.seek(0)
+                on_wait(f.read().strip() or "a process that wrote no pid")
+            fcntl.lockf(f, fcntl.LOCK_EX)      # released when this process closes the file, also on an error
+        f.truncate(0)
+        f.write(f"{os.getpid()} {os.uname().nodename}\n")
+        f.flush()
         yield

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import List
 
 from common.config import ConfigError
+from common.files import exclusive
 
 from .cli import cli_main, stage_args
 from .config import PreprocessConfig
@@ -103,11 +105,24 @@ def run_stage(cfg: PreprocessConfig, stage: str, shard: int | None = None) -> di
 
 def run_pipeline(cfg: PreprocessConfig) -> dict:
     """Every stage of the config in order, in this process (sharded stages do all their shards); the
-    last stage's summary (the built-in merge: blend path and tokens per split)."""
-    result: dict = {}
-    for stage in stages_of(cfg):
-        result = run_stage(cfg, stage.name)
-    return result
+    last stage's summary (the built-in merge: blend path and tokens per split). A second run into the same
+    work or output directory waits for the first, saying so, and then finds its stages done: two at once
+    wrote the same files and left a corrupt prefix."""
+    with ExitStack() as held:
+        for directory in sorted({Path(cfg.work_dir).resolve(), Path(cfg.output_dir).resolve()}):
+            held.enter_context(exclusive(directory_lock(directory), on_wait=lambda holder, d=directory: print(
+                f"preprocessing: another run ({holder}) is writing {d}; waiting for it to end (the stages it "
+                "finishes are not done again)", file=sys.stderr, flush=True)))
+        result: dict = {}
+        for stage in stages_of(cfg):
+            result = run_stage(cfg, stage.name)
+        return result
+
+
+def directory_lock(directory: Path) -> Path:
+    """The lock file of a whole pipeline run writing `directory`: beside it, so that no listing of it shows one."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    return directory.parent / f".{directory.name}.preprocess.lock"
 
 
 @cli_main
