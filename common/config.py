@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import field
 from typing import Any
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
@@ -41,6 +42,10 @@ def compose_dir(config_dir, name: str, overrides: Iterable[str] = (), source: st
             return compose(config_name=name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError([f"{err}".strip() + f"\n    Fix: {hint}"],
+                          source=source or f"{config_dir}/{name}.yaml") from None
+    except yaml.YAMLError as err:        # a file of the composition is not YAML: its mark names file, line, column
+        raise ConfigError([f"{err}".strip().replace("\n", "\n    ") + "\n    Fix: correct that YAML file (a key given "
+                           "twice, an indentation, an unclosed quote or bracket)"],
                           source=source or f"{config_dir}/{name}.yaml") from None
     finally:
         GlobalHydra.instance().clear()

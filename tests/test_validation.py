@@ -173,3 +173,20 @@ def test_every_shipped_template_renders_with_no_auto_left():
             assert config["zero_force_ds_cpu_optimizer"] is not on_cpu
             assert config["zero_optimization"]["stage"] == cfg.deepspeed.zero_stage
             assert config["fp16"]["enabled"] == cfg.precision.fp16 and config["bf16"]["enabled"] == cfg.precision.bf16
+
+
+@pytest.mark.parametrize("text, words", [
+    ("optim:\n  lr: 1e-3\n  lr: 2e-3\n", ["found duplicate key lr", "line 3, column 3"]),
+    ("optim:\n  lr: [1e-3\nschedule: {}\n", ["expected ',' or ']'", "line 2, column 7"]),
+    ("optim:\n  lr: 1e-3\n   min_lr: 1e-4\n", ["mapping values are not allowed here", "line 3, column 10"]),
+])
+def test_a_recipe_that_is_not_yaml_is_a_config_error_naming_its_file_and_line(tmp_path, text, words):
+    """A user's edited recipe with a key given twice, an unclosed bracket or a stray indent: a ConfigError naming
+    the file, line and column and what to fix, not PyYAML's traceback out of Hydra."""
+    from common.config import compose_dir
+    (tmp_path / "mine.yaml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        compose_dir(tmp_path, "mine")
+    message = str(err.value)
+    assert f"{tmp_path}/mine.yaml: 1 problem(s)" in message and f'"{tmp_path}/mine.yaml"' in message
+    assert all(w in message for w in words) and "Fix: correct that YAML file" in message, message
