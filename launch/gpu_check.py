@@ -27,6 +27,8 @@ from launch import gpu_speed
 from launch.doctor import environment
 from pretrain.config.compose import load_recipe, to_yaml
 from pretrain.config.hardware import device_name_to_type
+from pretrain.plan.memory import memory_per_gpu, stage_param_bytes
+from pretrain.plan.perf import rates, shape, step_time
 
 OUT = Path(os.environ.get("GPU_CHECK_OUT") or REPO_ROOT / "runs" / "gpu-check")
 WORK = Path(os.environ.get("GPU_CHECK_WORK") or "/tmp/gpu-check")
@@ -117,8 +119,6 @@ def losses(rows: list[dict]) -> dict[int, float]:
 
 def predicted(recipe: str, overrides: list[str], gpu_type: str) -> dict:
     """make plan's step-time model (pretrain/plan/perf.py) for the same layout on this GPU type."""
-    from pretrain.plan.memory import memory_per_gpu, stage_param_bytes
-    from pretrain.plan.perf import rates, shape, step_time
     cfg = compose(recipe, [*overrides, f"cluster.gpu_type={gpu_type}"], WORK / "plan")
     t = step_time(cfg, rates(cfg), shape(cfg), stage_param_bytes(cfg))
     return {"step_s": t["step"], "mfu": t["mfu"], "tokens_per_s": cfg.derived.tokens_per_step / t["step"],

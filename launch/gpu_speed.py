@@ -18,6 +18,8 @@ from typing import Callable
 
 from pretrain.config.compose import load_recipe
 from pretrain.config.hardware import device_name_to_type
+from pretrain.plan.memory import stage_param_bytes
+from pretrain.plan.perf import rates, shape, step_time
 
 SEQS = (2048, 8192)
 TOKENS_PER_STEP = 16384
@@ -55,8 +57,6 @@ def rows_wanted() -> list[tuple[str, int, str]]:
 def dry_run_lines() -> list[str]:
     """Each row composed here (the same validation as on the GPU) with make plan's H100 step time for it."""
     from pretrain.model.attention_record import attention_record
-    from pretrain.plan.memory import stage_param_bytes
-    from pretrain.plan.perf import rates, shape, step_time
     out = []
     for recipe, seq, backend in [(r, s, b) for r in SHAPES for s in SEQS for b in BACKENDS]:
         cfg = load_recipe(recipe, [*overrides(seq, backend), "cluster.gpu_type=H100-SXM"])

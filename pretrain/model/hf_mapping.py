@@ -31,12 +31,9 @@ import torch
 from ..config.attention import window_pattern
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
+from .tensors import TE_NAMES
 
 State = Dict[str, torch.Tensor]
-TE_NAMES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
-            "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
-            "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
-            "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
 GROUPED_EXPERT = re.compile(r"mlp\.experts\.(linear_fc[12])\.weight(\d+)$")     # TEGroupedMLP's names
 
 

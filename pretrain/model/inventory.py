@@ -15,11 +15,10 @@ from ..config.attention import key_span, window_pattern
 from ..config.derive import pipeline_stage_layers
 from ..config.moe import moe_layer_pattern
 from ..config.schema import JobConfig
-from .hf_mapping import TE_NAMES
 from .inventory_encdec import ENCDEC_ARCHS, encdec_count_params, encdec_flops_per_token, encdec_tensors
 from .inventory_mtp import mtp_depth, mtp_stage_embedding, mtp_tensors
 from .mla import mla_attention_flops, mla_attention_tensors
-from .tensors import Tensor
+from .tensors import TE_NAMES, Tensor
 from .tensors import mlp_tensors as _mlp
 from .tensors import norm_tensors as _norm
 

@@ -10,6 +10,12 @@ from dataclasses import dataclass
 
 from ..config.schema import JobConfig
 
+# TE's fused layers hold the pre-attention / pre-MLP norms inside the next linear: their names -> the local spec's
+TE_NAMES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+            "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+            "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+            "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
+
 
 @dataclass(frozen=True)
 class Tensor:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ..base import same_placement
 from ..common import reseed, rng_state, set_rng_state
+from . import universal
 
 
 def _rng_file(directory: Path) -> Path:
@@ -36,7 +37,6 @@ def _universal_dir(engine, directory: Path) -> Path:
 
 
 def load(engine, directory: Path, meta: dict, weights_only: bool, log=print) -> None:
-    from . import universal
     saved, now = meta["engine_state"], engine.checkpoint_meta()
     same_layout = same_placement(saved["layout"], now["layout"])
     if saved.get("zero_stage") != now["zero_stage"] and not weights_only:

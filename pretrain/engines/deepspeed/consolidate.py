@@ -17,6 +17,7 @@ from typing import Dict
 import torch
 
 from ...checkpoint.store import ENGINE_DIR, resolve
+from . import universal
 
 
 def _module_weights(engine_dir: Path) -> Dict[str, torch.Tensor]:
@@ -25,7 +26,6 @@ def _module_weights(engine_dir: Path) -> Dict[str, torch.Tensor]:
 
 
 def _universal(step_dir: Path, scratch: Path) -> Dict[str, torch.Tensor]:
-    from . import universal
     target = scratch / step_dir.name
     if not (target / "zero").is_dir():
         universal.convert(step_dir / ENGINE_DIR, target)

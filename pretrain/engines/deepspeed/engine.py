@@ -27,6 +27,7 @@ from ..base import Engine, Objective, StepResult, label_logprobs
 from ..common import exempt_from_weight_decay, init_distributed
 from . import cpu_compat
 from .ds_config import render
+from .universal import set_universal_info
 
 
 class MegatronMpu:
@@ -135,7 +136,6 @@ class DeepSpeedEngine(Engine):
     # ---- construction ---------------------------------------------------------------
     def _build_model(self, deepspeed):
         from ...model.gpt import transformer_config
-        from .universal import set_universal_info
         cfg = self.cfg
         self.tconfig = transformer_config(cfg)
         stage3 = cfg.deepspeed.zero_stage == 3
