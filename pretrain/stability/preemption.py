@@ -56,8 +56,8 @@ class PreemptionFlag:
         self._check_file = flag_file is not None and rank() == 0
 
     def install(self) -> None:
+        since, _AT_START["since"] = _AT_START["since"], None     # the start-up window ends with the first run's flag
         if self._check_file and self.flag_file.exists():
-            since = _AT_START["since"]
             if since is not None and self.flag_file.stat().st_mtime >= since:
                 self.received = f"flag file {self.flag_file} (during start-up)"
             else:
