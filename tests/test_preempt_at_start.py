@@ -18,7 +18,7 @@ import pytest
 
 from tests.training import BASE, PY, REPO, records, training_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("demo_data")]   # run alone, too
 USR1_BIT = 1 << (signal.SIGUSR1 - 1)           # /proc/<pid>/status SigCgt: the signals with a handler
 
 

@@ -121,6 +121,23 @@ def test_spike_guard_statistics_and_rollback_counting():
                            "action": "rollback"} and guard.nonfinite_run == 0
 
 
+def test_a_flag_file_stamped_a_clock_tick_before_the_start_is_this_starts_and_an_older_one_is_stale(tmp_path):
+    """CI once lost the race this pins: the kernel stamps mtimes from its coarse clock, up to a tick behind
+    time.time(), so a flag touched a millisecond after catch_at_start could read as older than the start."""
+    from pretrain.stability import preemption
+    flag_file = tmp_path / "preempt.flag"
+    for age_s, counts in ((0.01, True), (30.0, False)):
+        preemption.catch_at_start()
+        flag_file.touch()
+        stamp = preemption._AT_START["since"] - age_s
+        os.utime(flag_file, (stamp, stamp))
+        flag = preemption.PreemptionFlag(flag_file)
+        flag.install()
+        flag.restore()
+        assert (flag.received == f"flag file {flag_file} (during start-up)") is counts and flag_file.exists() is counts
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+
 def test_z_loss_adds_coeff_times_logsumexp_squared(single_rank_megatron):
     """In process: the LM loss is unchanged, the z term equals coeff * mean(logsumexp(logits)^2)
     from the model's own logits, and it changes the gradient."""

@@ -31,6 +31,10 @@ from .exit_codes import REQUEUE_EXIT  # noqa: F401 (re-exported: launch/, loop.p
 # torch is imported where a flag is built or agreed on: launch/ reads REQUEUE_EXIT here on a login node.
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 _AT_START = {"since": None, "received": []}      # catch_at_start: since when, and what came before the loop
+# A file's mtime is stamped from the kernel's coarse clock (up to a tick behind time.time()) or a file server's
+# clock, so a flag touched just after the start may read as older. A stale flag comes from an earlier job, which
+# saved, exited and was requeued before this process even began importing: seconds older, never one.
+MTIME_SLACK_S = 1.0
 
 
 def catch_at_start() -> None:
@@ -58,7 +62,7 @@ class PreemptionFlag:
     def install(self) -> None:
         since, _AT_START["since"] = _AT_START["since"], None     # the start-up window ends with the first run's flag
         if self._check_file and self.flag_file.exists():
-            if since is not None and self.flag_file.stat().st_mtime >= since:
+            if since is not None and self.flag_file.stat().st_mtime >= since - MTIME_SLACK_S:
                 self.received = f"flag file {self.flag_file} (during start-up)"
             else:
                 self.flag_file.unlink()          # a stale flag from the start this one continues
