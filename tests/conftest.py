@@ -44,6 +44,8 @@ def single_rank_megatron():
     import torch.distributed as dist
     from megatron.core import parallel_state
 
+    from pretrain.engines import cpu_compat
+    cpu_compat.apply()          # as the engines do before their groups: one gloo device for all of them
     if not dist.is_initialized():
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                           LOCAL_RANK="0")

@@ -30,6 +30,11 @@ when an upgrade made the adaptation unnecessary and it should be deleted.
 8-11. MoE (`cpu_compat_moe.py`, listed and probed with these): the router's missing
    `te_general_gemm` without Transformer Engine, the alltoall dispatcher's CUDA stream, its
    all-to-all split sizes left as tensors on CPU, and the expert-bias token count's torch.compile.
+12. gloo-one-device: not an error but a cost. torch gives every gloo process group a TCP device of its own,
+   and each device a loop thread whose epoll wait times out every 10 ms: megatron-core builds ~50 groups a
+   job, so an idle 2-process job woke ~5,000 times a second a process (25,000 voluntary context switches in
+   5 s). Every group this process creates shares one device instead (torch's own options: `_devices`); with
+   NCCL on GPUs torch's default stays.
 """
 from __future__ import annotations
 
@@ -164,12 +169,49 @@ def _patch_synchronize() -> None:
     torch.cuda.synchronize = lambda device=None: None
 
 
+def _patch_gloo_device() -> None:
+    """distributed_c10d builds each gloo group as `ProcessGroupGloo(store, rank, size, timeout=...)` and checks
+    backends with isinstance against the same module-level name: the name becomes a class that builds the group
+    on this process's one device and answers isinstance for torch's class."""
+    import os
+
+    from torch.distributed import distributed_c10d as c10d
+    gloo = c10d.ProcessGroupGloo
+    if isinstance(gloo, _OneDeviceGloo):
+        return
+    devices = []
+
+    def build(store, rank, size, timeout=c10d.default_pg_timeout):
+        if not devices:       # torch's own choice: GLOO_SOCKET_IFNAME's interfaces, else the hostname's
+            names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+            devices.extend([gloo.create_device(interface=n) for n in names] or [gloo.create_default_device()])
+        options = gloo._Options()
+        options._devices, options._threads, options._timeout = devices, 2 * len(devices), timeout
+        return gloo(store, rank, size, options)
+    c10d.ProcessGroupGloo = _OneDeviceGloo("ProcessGroupGloo", (), {"torch_class": gloo, "build": staticmethod(build)})
+
+
+class _OneDeviceGloo(type):
+    """What `distributed_c10d.ProcessGroupGloo` names under gloo-one-device: calling it builds a group,
+    isinstance and attributes are torch's class's."""
+
+    def __call__(cls, *args, **kwargs):
+        return cls.build(*args, **kwargs)
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, cls.torch_class)
+
+    def __getattr__(cls, name):
+        return getattr(cls.torch_class, name)
+
+
 PATCHES = {
     "cuda-current-device": _patch_devices,
     "cuda-synchronize": _patch_synchronize,
     "cuda-rng": lambda: _patch_rng(),
     "torch-norm-sp": lambda: _patch_norms(),
     "causal-mask": lambda: _patch_causal_mask(),
+    "gloo-one-device": _patch_gloo_device,
 }
 
 
@@ -248,6 +290,26 @@ def _probe_torch_norm_sp():
     assert all(p.sequence_parallel for p in norm.parameters()), "norm params not marked for the SP all-reduce"
 
 
+def _probe_gloo_device():
+    """Two more groups of this one process: a loop thread each, unless they share the device."""
+    import os
+
+    import torch.distributed as dist
+
+    def loops() -> int:
+        return sum(open(f"/proc/self/task/{t}/comm").read().strip() == "gloo_tcp_loop"
+                   for t in os.listdir("/proc/self/task"))
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    before = loops()
+    groups = [dist.new_group([0]) for _ in range(2)]
+    started = loops() - before
+    for group in groups:
+        dist.destroy_process_group(group)
+    if started >= 2:
+        raise RuntimeError(f"every gloo group starts a TCP loop thread of its own: {started} for 2 groups")
+
+
 ADAPTATIONS: List[Adaptation] = [
     Adaptation("cuda-current-device", "Torch not compiled with CUDA enabled", _probe_current_device),
     Adaptation("cuda-device-args", "Torch not compiled with CUDA enabled", _probe_device_args),
@@ -256,4 +318,5 @@ ADAPTATIONS: List[Adaptation] = [
     Adaptation("cuda-tensor-type", "Wrapped parameters must be one of torch.cuda.FloatTensor", _probe_tensor_type),
     Adaptation("causal-mask", "Torch not compiled with CUDA enabled", _probe_causal_mask),
     Adaptation("torch-norm-sp", "sequence parallel not supported by torch LayerNorm", _probe_torch_norm_sp),
+    Adaptation("gloo-one-device", "every gloo group starts a TCP loop thread of its own", _probe_gloo_device),
 ] + [Adaptation(*probe) for probe in cpu_compat_moe.PROBES]
