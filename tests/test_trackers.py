@@ -1,7 +1,6 @@
 """Experiment trackers (pretrain/observability/trackers/, docs/observability.md): W&B and MLflow, read back with
 their own readers, hold what metrics.jsonl holds as `make report` reads it; a killed and resumed
 run continues the same tracker runs with no step twice; a tracker that fails never changes training."""
-import importlib.util
 import json
 import os
 import signal
@@ -64,8 +63,8 @@ def test_unknown_tracker_fails_at_compose_time_naming_the_field():
 
 
 def test_a_tracker_whose_library_is_missing_fails_at_compose_time_with_the_pip_line(monkeypatch):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    from pretrain.config import observability
+    monkeypatch.setattr(observability, "importable", lambda name: name != "wandb")     # asked once a process
     with pytest.raises(ConfigError, match=r"'wandb' but its library 'wandb' is not importable here\. Fix: "
                                           r"\.venv/bin/pip install -c constraints\.txt wandb"):
         load_recipe("gpt-tiny", ["logging.trackers=[tensorboard,wandb]"])

@@ -7,12 +7,12 @@ window since the last check; a rank above `ratio` times the median is a straggle
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 from common.config import doc
 
 from ..observability.trackers.registry import TRACKERS, active_trackers
+from .environment import importable
 
 
 @dataclass
@@ -67,6 +67,6 @@ def tracker_problems(cfg, add) -> None:
                 "those (or register one under that name, pretrain/observability/trackers/).")
         elif name in active_trackers(cfg):
             cls = TRACKERS.get(name)
-            if cls.module and importlib.util.find_spec(cls.module) is None:
+            if cls.module and not importable(cls.module):
                 add(f"logging.trackers has {name!r} but its library {cls.module!r} is not importable here. Fix: "
                     f"{cls.pip} (pinned in constraints.txt), or drop {name!r} from logging.trackers.")

@@ -8,14 +8,13 @@ frozen model of another recipe built in the same ranks with the same layout.
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Optional
 
 from common.config import doc
 
 from ..peft.registry import PEFT_METHODS
-from .environment import environment_here
+from .environment import environment_here, importable
 
 LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
 STUDENT_INITS = ("random", "pruned")
@@ -97,7 +96,7 @@ def peft_problems(cfg, add) -> None:
         if not 0.0 <= pe.lora_dropout < 1.0:
             add(f"peft.lora_dropout={pe.lora_dropout} must be in [0, 1).")
         impl = cfg.model.transformer_impl
-        te_here = importlib.util.find_spec("transformer_engine") is not None or not environment_here(cfg)
+        te_here = importable("transformer_engine") or not environment_here(cfg)
         if impl == "transformer_engine" or (impl == "auto" and te_here):
             add(f"peft.method=lora with model.transformer_impl={impl}: LoRA wraps megatron-core's local parallel "
                 "linears (Transformer Engine fuses the pre-norm into qkv and fc1, and 'auto' picks it where it is "

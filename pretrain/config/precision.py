@@ -9,11 +9,10 @@ IN_JOB_ENVIRONMENT=1 (launch/templates/sbatch.j2), which reaches the container's
 """
 from __future__ import annotations
 
-import importlib.util
 from typing import Callable
 
 from ..model.fusions import missing_required
-from .environment import environment_here
+from .environment import environment_here, importable
 from .hardware import FP8_TYPES, MXFP8_TYPES
 from .schema import JobConfig
 
@@ -24,10 +23,7 @@ TE_FIX = ("install it (pip install -e '.[gpu]' on a CUDA machine, docs/gpu.md) o
 
 
 def has_transformer_engine() -> bool:
-    try:
-        return importlib.util.find_spec("transformer_engine") is not None
-    except (ImportError, ValueError):
-        return False
+    return importable("transformer_engine")
 
 
 def precision_problems(cfg: JobConfig, add: Callable[[str], None]) -> None:

@@ -16,17 +16,16 @@ No megatron-core import (make doctor reads it on a bare node). The decision:
 """
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from common.config import ConfigError
 
 from ..config.attention import TE_ONLY, UNFUSED, window_pattern
+from ..config.environment import importable
 
 
 def has_transformer_engine() -> bool:
-    return importlib.util.find_spec("transformer_engine") is not None
+    return importable("transformer_engine")
 
 
 def te_spec(cfg) -> bool:

@@ -205,7 +205,7 @@ def search(base: JobConfig, gpus: Optional[int] = None, *, fp8: bool = False, tp
         scratch.model.transformer_impl = model_impl
         layout.apply(scratch, dp_overlap)
         try:
-            validate(scratch)
+            validate(scratch, files=False)         # the recipe's blend was checked when it was composed
             if teacher is not None:       # what compose checks against the teacher: PP = CP = 1, TP dividing its heads
                 problems: list[str] = []
                 distill_problems(scratch, teacher, problems.append)
