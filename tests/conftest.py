@@ -18,6 +18,11 @@ from tests.training import SETS, SessionRuns
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
+# Every process the suite starts computes on one thread unless its test says otherwise (the launches already
+# did, torchrun's default for 2+ processes): the suite holds both cores from start to end, and a 1-process
+# `make pretrain` took its launcher's cpu_count // nproc = 2 threads, the second spinning in OpenMP's waits. A
+# 24-step gpt-tiny run beside one busy core: 34-37 s of CPU with 2 threads, 15 s with 1 (twice each, 2026-12-02).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 WANTED_RUNS = pytest.StashKey[set]()
 TAIL_GATE_ITEM = pytest.StashKey[str]()
 # The BIG-bench tasks the demo pipeline decontaminates against (test_evals.py and test_inloop_evals.py make two)
@@ -197,7 +202,7 @@ def pytest_runtestloop(session):
 def pytest_sessionstart(session):
     """The test process computes on one thread (numpy's BLAS, torch's intra-op pool): its unit tests run beside
     the shared training launches, which already hold both cores, and a second spinning thread only takes time
-    from them. Subprocesses (training, make targets) keep their own settings.
+    from them. Subprocesses (training, make targets) get OMP_NUM_THREADS=1 from the session's environment (above).
 
     The garbage collector took 28 s of the unit tier's 200 s (25 s in full collections, each walking the ~1M
     objects of the imported libraries again). The libraries most tests import are loaded here and frozen out of

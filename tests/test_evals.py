@@ -17,7 +17,7 @@ LIMIT = 6
 
 def make(*args, **env):
     res = subprocess.run(["make", "-s", *args], cwd=REPO, capture_output=True, text=True,
-                         env=dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", OMP_NUM_THREADS="2", **env))
+                         env=dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", **env))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     return res.stdout
 
