@@ -9,7 +9,6 @@ trainer takes (model/fusions.py, the layer-spec choice in model/gpt.py).
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import os
 import platform
 import shutil
@@ -21,6 +20,7 @@ from common.cli import command, overrides_from_env, recipe_from_env
 from common.config import ConfigError
 from common.text import markdown_table
 from pretrain.config.compose import load_recipe
+from pretrain.config.environment import importable
 from pretrain.model import fusions
 
 APEX_EXTENSIONS = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
@@ -32,13 +32,6 @@ def version(dist: str) -> Optional[str]:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _found(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _nvcc() -> str:
@@ -58,7 +51,7 @@ def _fused_adam() -> str:
     try:
         from deepspeed.ops.op_builder import FusedAdamBuilder
         builder = FusedAdamBuilder()
-        if _found("deepspeed.ops.adam.fused_adam_op") or _found("fused_adam"):
+        if importable("deepspeed.ops.adam.fused_adam_op") or importable("fused_adam"):
             return "prebuilt"
         return "JIT-buildable (first use compiles it, ~1 min)" if builder.is_compatible(verbose=False) else \
             "not buildable here (no CUDA toolkit): torch AdamW is used"
@@ -84,10 +77,10 @@ def environment() -> list[tuple[str, str]]:
     rows.append(("nvcc", _nvcc()))
     rows.append(("TORCH_CUDA_ARCH_LIST", os.environ.get("TORCH_CUDA_ARCH_LIST", "unset (the visible GPUs')")))
     te = version("transformer-engine") or version("transformer_engine")
-    rows.append(("Transformer Engine", te or ("importable" if _found("transformer_engine") else
+    rows.append(("Transformer Engine", te or ("importable" if importable("transformer_engine") else
                                                "absent: local layer spec; no FP8, no context parallel")))
-    apex = [name for name in APEX_EXTENSIONS if _found(name)]
-    rows.append(("Apex", ("importable" if _found("apex") else "absent")
+    apex = [name for name in APEX_EXTENSIONS if importable(name)]
+    rows.append(("Apex", ("importable" if importable("apex") else "absent")
                  + f"; fused extensions: {', '.join(apex) if apex else 'none'}"))
     rows.append(("flash-attn", version("flash-attn") or version("flash_attn") or "absent"))
     rows.append(("triton", version("triton") or "absent (megatron-core's jit fusions need it on GPU)"))

@@ -177,8 +177,6 @@ def _patch_gloo_device() -> None:
 
     from torch.distributed import distributed_c10d as c10d
     gloo = c10d.ProcessGroupGloo
-    if isinstance(gloo, _OneDeviceGloo):
-        return
     devices = []
 
     def build(store, rank, size, timeout=c10d.default_pg_timeout):

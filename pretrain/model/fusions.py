@@ -11,16 +11,14 @@ refuses it where the kernel is missing (config/precision.py calls `missing_requi
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ..config.environment import importable
+
 
 def _found(*modules: str) -> bool:
-    try:
-        return all(importlib.util.find_spec(name) is not None for name in modules)
-    except (ImportError, ValueError):
-        return False
+    return all(importable(name) for name in modules)
 
 
 def _te_rope() -> bool:
