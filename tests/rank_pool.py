@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from multiprocessing.connection import wait
@@ -64,9 +65,13 @@ def _worker(rank: int, conn) -> None:
     if os.getppid() == 1:           # the test process died before the prctl took effect
         os._exit(1)
     os.setpgrp()                    # its own group: teardown kills the rank with whatever it started
-    faulthandler.register(signal.SIGUSR1, all_threads=True)     # the parent's "where are you stuck" on timeout
+    # The parent's "where are you stuck" on timeout, into a file of this rank's that the parent reads through /proc
+    # (unlinked already: nothing is left behind): two ranks dumping into one stderr at once interleaved mid-word
+    # (CI saw "line Current thread ..." where "line 43 in _sleep" was).
+    stacks = tempfile.TemporaryFile("w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     initial_seed = None
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready", f"/proc/{os.getpid()}/fd/{stacks.fileno()}"))
     while True:
         try:
             task = conn.recv()      # unpickling fn imports its module (torch with it): no RNG drawn yet
@@ -117,10 +122,12 @@ class RankPool:
             self.conns.append(parent)
             self.procs.append(proc)
         self.alive = True
+        self.stacks = []            # each rank's stack dump, read through /proc while it lives
         for rank, reply in enumerate(self._collect("start-up", time.monotonic() + START_TIMEOUT_S)):
             if reply[0] != "ready":
                 self.close()
                 raise RankPoolError(f"rank {rank} of the pool failed to start:\n{reply[1]}")
+            self.stacks.append(reply[1])
 
     @property
     def pids(self) -> list[int]:
@@ -143,6 +150,11 @@ class RankPool:
                     except ProcessLookupError:
                         pass
                 time.sleep(0.5)
+                for r in stuck:
+                    try:
+                        sys.stderr.write(f"rank {r}:\n{open(self.stacks[r]).read()}")
+                    except (OSError, IndexError):     # died meanwhile, or stuck before it said where
+                        pass
                 self.close(ask_s=0)
                 done = "; ".join(f"rank {r}: {rep[1]}" for r, rep in replies.items() if rep[0] == "error")
                 raise RankPoolError(f"{what}: rank(s) {stuck} still running after "
