@@ -2,17 +2,26 @@
 and the one rule for who prints: the last rank, whose pipeline stage holds the loss first."""
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
-import torch.distributed as dist
+
+def _group():
+    """torch.distributed when its default group is up, else None. Asked through sys.modules: a process that
+    never imported torch has no group, and `make config` / the launcher (which import this through the
+    checkpoint and lock code) should not pay torch's ~2 s import to learn that they are rank 0 of 1."""
+    dist = sys.modules.get("torch.distributed")
+    return dist if dist is not None and dist.is_initialized() else None
 
 
 def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    dist = _group()
+    return dist.get_rank() if dist is not None else 0
 
 
 def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+    dist = _group()
+    return dist.get_world_size() if dist is not None else 1
 
 
 def is_logging_rank() -> bool:
@@ -36,7 +45,7 @@ def from_rank0(value: Callable[[], object]) -> object:
         except Exception as err:       # raised on every rank: the others must not wait in the broadcast forever
             box = [("error", err)]
     if world_size() > 1:
-        dist.broadcast_object_list(box, src=0)
+        _group().broadcast_object_list(box, src=0)
     kind, result = box[0]
     if kind == "error":
         raise result
@@ -55,7 +64,8 @@ def release_subgroups() -> None:
     import gc
 
     from torch.distributed import distributed_c10d as c10d
-    if not dist.is_initialized():
+    dist = _group()
+    if dist is None:
         return
     default = c10d._get_default_group()
     for group in list(c10d._world.pg_map):

@@ -19,8 +19,10 @@ from common.paths import RECIPES_DIR
 
 from .config.compose import check_cli_overrides, finalize, from_yaml, to_yaml
 from .config.schema import JobConfig
+from .dist import release_subgroups
 from .engines.registry import create_engine
 from .stability.exit_codes import DATA_CHANGED, REQUEUE_EXIT, RUN_DIR_BUSY, RUN_STOPPED, record_exit
+from .stability.lifetime import RunDirBusy, die_with_launcher, lock_run_dir
 from .stability.preemption import RunPreempted, catch_at_start
 
 if TYPE_CHECKING:
@@ -37,9 +39,7 @@ def run(job: JobConfig, keep_process_group: bool = False) -> int:
     Exit codes: pretrain/stability/exit_codes.py (4: another live trainer holds the run directory)."""
     import torch.distributed as dist
 
-    from .dist import release_subgroups
     from .objectives.task import build_task
-    from .stability.lifetime import RunDirBusy, die_with_launcher, lock_run_dir
     die_with_launcher()                  # torchrun's workers are in their own sessions: go when it goes
     task = build_task(job)               # what is trained: the objective and its adapters, FLOPs per token
     engine = create_engine(job, task.objective)

@@ -99,7 +99,9 @@ def session_runs(request, tmp_path_factory):
     """tests.training.SessionRuns: the shared runs (tests.training.shared_runs) of this session's tests,
     trained in the background from the session's first test on (`shared_runs_started`)."""
     runs = SessionRuns(tmp_path_factory.mktemp("runs"), request.config.stash.get(WANTED_RUNS, ()))
-    runs.start(prepare=build_demo_data)
+    # the last launch has ended: the tail's drills may use the cores now (before the main process reaches the
+    # SLURM tests, its gate otherwise, it runs the shared runs' readers on one of them)
+    runs.start(prepare=build_demo_data, on_trained=lambda: open_tail_gate(request.config))
     yield runs
     runs.stop()
 
@@ -138,8 +140,9 @@ def pytest_addoption(parser):
                     help="main: every test but the serial tail (the slow tests that read no shared run and start no "
                          "SLURM job); tail: only those; all (default): both, in one process")
     group.addoption("--tail-gate", default=None, metavar="PATH",
-                    help="the main part creates PATH when it reaches the SLURM tests (or the readers of the last "
-                         "launches); the tail part waits for PATH before its first test")
+                    help="the main part creates PATH when its shared training has ended or it reaches the SLURM tests "
+                         "(or the readers of the last launches), whichever is first; the tail part waits for PATH "
+                         "before its first test")
 
 
 def pytest_collection_modifyitems(config, items):

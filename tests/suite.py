@@ -5,10 +5,11 @@
 The main process runs the unit tier beside the shared training, the readers of the shared runs and the SLURM tests
 (`--suite-part=main`). The tail (`--suite-part=tail`: the slow tests that read no shared run and start no SLURM job:
 kill drills, end-to-end `make`, the planted drill) is a second pytest with two pytest-xdist workers. It starts with
-the main one (its imports and collection done early) and waits for the main one's gate file, created when that
-reaches the SLURM tests, the readers of the last launches or its end (tests/conftest.py): until then the first
-waves of training hold both cores. From there the SLURM tests wait on the scheduler about half of their time and
-the main process ends with one core's work: the tail's drills fill what they leave.
+the main one (its imports and collection done early) and waits for the main one's gate file, created when its
+shared training has ended or it reaches the SLURM tests, the readers of the last launches or its end, whichever is
+first (tests/conftest.py): until then the waves of training hold both cores. From there the main process runs the
+readers of the shared runs (one core), then the SLURM tests, which wait on the scheduler about half of their time:
+the tail's drills fill what they leave.
 
 The main process prints as it runs; the tail's output follows it. The exit status is the first failing one's (a
 part with no test selected, pytest's 5, counts as passing when the other ran tests).

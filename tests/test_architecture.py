@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -264,3 +266,19 @@ def test_no_engine_imports_what_it_trains():
     bad = [f"{where}: {m} imports {t}" for m, targets in found.items() if m.startswith("pretrain.engines")
            for t, _, where in targets if t.startswith(("pretrain.objectives", "pretrain.peft", "pretrain.distill"))]
     assert bad == []
+
+
+def test_validating_recipes_and_the_launchers_import_no_torch():
+    """`make config`, `make plan`, `make preprocess` and `make pretrain`'s launcher on a login node compose and
+    validate recipes, which imports every optimizer's registration (pretrain/optim/): none of that loads torch or
+    megatron-core (~2 s of CPU a command; docs/architecture.md)."""
+    code = ("import sys, launch.__main__, launch.preprocess, pretrain.plan.__main__\n"
+            "from pretrain.config.compose import load_recipe\n"
+            "from pretrain.plan.estimate import make_plan\n"
+            "for recipe in ('gpt-7b', 'deepseek-v3', 'gpt-tiny-distill', 'llama-8b-fp8'):\n"
+            "    make_plan(load_recipe(recipe))\n"
+            "for name in ('muon', 'lion', 'adafactor'):\n"
+            "    make_plan(load_recipe('gpt-tiny', [f'optim={name}']))\n"
+            "print(sorted(m for m in ('torch', 'megatron', 'deepspeed', 'transformers') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr[-3000:]

@@ -9,7 +9,8 @@ import torch
 
 from common.config import ConfigError
 from pretrain.config.compose import load_recipe
-from pretrain.optim.muon import MuonWithAdamW, block_rows, group_keys, muon_groups
+from pretrain.optim._muon_rule import MuonWithAdamW, block_rows
+from pretrain.optim.muon import group_keys, muon_groups
 from tests import megatron_harness as mh
 from tests.training import shared_runs
 

@@ -77,3 +77,15 @@ def test_make_tests_two_processes_split_the_suite_at_the_tail_and_the_gate_opens
                     "tail": ["tail"]}
     assert [exit_status(0, 0), exit_status(5, 0), exit_status(0, 5), exit_status(5, 5)] == [0, 0, 0, 5]
     assert [exit_status(1, 0), exit_status(0, 2), exit_status(5, 1), exit_status(3, 1)] == [1, 2, 1, 3]
+
+
+def test_the_shared_runs_say_when_their_training_has_ended(tmp_path):
+    """make test's gate for the tail's drills opens when the last launch has ended (tests/conftest.py)."""
+    import threading
+
+    from tests.training import SessionRuns
+    trained = threading.Event()
+    runs = SessionRuns(tmp_path, wanted=set())
+    runs.start(prepare=lambda: None, on_trained=trained.set)
+    runs.thread.join()
+    assert trained.is_set()

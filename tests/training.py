@@ -243,7 +243,8 @@ class SessionRuns:
         self.in_flight, self.changed = set(), threading.Condition()     # sets of the launches running now
         self.thread, self.stopping = None, False
 
-    def start(self, prepare: Callable[[], object]) -> None:
+    def start(self, prepare: Callable[[], object], on_trained: Callable[[], object] = lambda: None) -> None:
+        """on_trained(): called from the background thread once every wanted set is trained or failed."""
         def train_all():
             try:
                 prepare()
@@ -256,6 +257,7 @@ class SessionRuns:
                     self.get(name)
                 except AssertionError:         # recorded in self.failed: the set's fixture raises it
                     pass
+            on_trained()
         self.thread = threading.Thread(target=train_all, name="shared-runs", daemon=True)
         self.thread.start()
 

@@ -3,10 +3,12 @@ moments (row + column statistics) for matrices, no first moment."""
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from .registry import register_optimizer
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _factored_state_bytes(shape: tuple) -> float:
@@ -15,4 +17,5 @@ def _factored_state_bytes(shape: tuple) -> float:
 
 @register_optimizer("adafactor", state_bytes=_factored_state_bytes)
 def adafactor(groups: list, o) -> torch.optim.Optimizer:
+    import torch  # imported by a run, not by validating a recipe
     return torch.optim.Adafactor(groups, lr=o.lr, beta2_decay=-0.8, weight_decay=o.weight_decay)

@@ -39,11 +39,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import torch.distributed as dist
-
 from common.process import die_with_parent
 
-from ..dist import rank
+from ..dist import from_rank0, rank
 
 LOCK_NAME = ".lock"
 
@@ -197,17 +195,8 @@ def lock_run_dir(run_dir, wait_s: float = 0.0) -> RunDirLock:
     """Global rank 0 takes the lock (one holder per job, whatever the node count); every rank gets its
     answer, so a refused job raises RunDirBusy on all ranks. Call with the process group up. `wait_s`: how
     long a requeued job waits for its earlier incarnation's lock."""
-    lock, answer = RunDirLock(run_dir), [None]
-    if rank() == 0:
-        try:
-            answer[0] = ("ok", lock.acquire(wait_s))
-        except RunDirBusy as busy:
-            answer[0] = ("busy", str(busy))
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(answer, src=0)
-    kind, text = answer[0]
-    if kind == "busy":
-        raise RunDirBusy(text)
+    lock = RunDirLock(run_dir)
+    text = from_rank0(lambda: lock.acquire(wait_s))       # RunDirBusy on rank 0 is raised on every rank
     if text and rank() == 0:
         print(f">> {text}", flush=True)
     return lock

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ..dist import rank
 from .exit_codes import REQUEUE_EXIT  # noqa: F401 (re-exported: launch/, loop.py, train.py)
 
 # torch is imported where a flag is built or agreed on: launch/ reads REQUEUE_EXIT here on a login node.
@@ -56,7 +57,6 @@ class PreemptionFlag:
         self.received = None
         self._previous = {}
         self.flag_file = flag_file
-        from ..dist import rank
         self._check_file = flag_file is not None and rank() == 0
 
     def install(self) -> None:
