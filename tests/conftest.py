@@ -99,8 +99,8 @@ def session_runs(request, tmp_path_factory):
     """tests.training.SessionRuns: the shared runs (tests.training.shared_runs) of this session's tests,
     trained in the background from the session's first test on (`shared_runs_started`)."""
     runs = SessionRuns(tmp_path_factory.mktemp("runs"), request.config.stash.get(WANTED_RUNS, ()))
-    # the last launch has ended: the tail's drills may use the cores now (before the main process reaches the
-    # SLURM tests, its gate otherwise, it runs the shared runs' readers on one of them)
+    # the last launch has ended: the tail's drills may use the cores now (the main process has only the shared
+    # runs' readers left, one core's work)
     runs.start(prepare=build_demo_data, on_trained=lambda: open_tail_gate(request.config))
     yield runs
     runs.stop()
@@ -137,22 +137,26 @@ def fetch_bigbench_tasks():
 def pytest_addoption(parser):
     group = parser.getgroup("suite", "make test's two processes (tests/suite.py)")
     group.addoption("--suite-part", choices=("all", "main", "tail"), default="all",
-                    help="main: every test but the serial tail (the slow tests that read no shared run and start no "
-                         "SLURM job); tail: only those; all (default): both, in one process")
+                    help="main: every test but the serial tail (the slow tests that read no shared run: drills, "
+                         "SLURM jobs); tail: only those; all (default): both, in one process")
     group.addoption("--tail-gate", default=None, metavar="PATH",
-                    help="the main part creates PATH when its shared training has ended or it reaches the SLURM tests "
-                         "(or the readers of the last launches), whichever is first; the tail part waits for PATH "
-                         "before its first test")
+                    help="the main part creates PATH when its shared training has ended or it reaches the readers of "
+                         "the last launches, whichever is first; the tail part waits for PATH before its first test")
 
 
+@pytest.hookimpl(tryfirst=True)      # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     """Order: the unit tier (and the slow tests marked beside_training: a few seconds of their own spawned
     ranks each), then the slow tests that read shared runs (they wait for the training that started
-    with the session; the SLURM tests go in before the readers of the last launches), then the other slow
-    tests. The unit tier runs beside the training, on the core its
-    launches leave idle; no slow test (timed drills, SLURM jobs) competes with it. The tests that read shared
-    runs go in the order their sets finish (tests.training.finish_order), so that those reading the first
-    launches' sets run while the later launches train instead of after the last one. Stable within each group."""
+    with the session), then the other slow tests, the SLURM tests first. The unit tier runs beside the training,
+    on the core its launches leave idle; no slow test (timed drills, SLURM jobs) competes with it. The tests that
+    read shared runs go in the order their sets finish (tests.training.finish_order), so that those reading the
+    first launches' sets run while the later launches train instead of after the last one. Stable within each
+    group.
+
+    `make test` (tests/suite.py) runs the last group, the serial tail, in a second pytest on pytest-xdist workers:
+    the SLURM tests, which share one cluster, are one xdist group (one worker, in this order; the cluster starts
+    with its first test there) and wait on the scheduler about half of their time, beside the other drills."""
     def sets_of(item) -> set:
         fixtures = set(getattr(item, "fixturenames", ()))
         return (fixtures & set(SETS)) | ({"reference_run"} if "reference" in fixtures else set())
@@ -166,18 +170,19 @@ def pytest_collection_modifyitems(config, items):
             return (0,)
         fixtures = set(getattr(item, "fixturenames", ()))
         if not fixtures & (set(SETS) | {"session_runs", "reference"}):
-            # The SLURM jobs' tests wait on the scheduler about half of their time (51-65 % busy): run before the
-            # readers of the last launches, while those train in the background, instead of alone at the end.
-            return (1, (last[0], -1)) if "slurm" in fixtures and last else (2,)
+            return (2, "slurm" not in fixtures)
         return (1, max((finish[n] for n in sets_of(item)), default=last))
     items.sort(key=key)
+    for item in items:
+        if "slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     part = config.getoption("suite_part")
     if part != "all":
-        keep = [item for item in items if (key(item) == (2,)) == (part == "tail")]
+        keep = [item for item in items if (key(item)[0] == 2) == (part == "tail")]
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
-    if part == "main":     # the SLURM tests (half idle) and the last launches: the tail's process may start now
-        gate = (1, (last[0], -1)) if last else (1,)
+    if part == "main":     # the readers of the last launches (or the shared training's end): the tail may start
+        gate = (1, (last[0],)) if last else (1,)
         config.stash[TAIL_GATE_ITEM] = next((item.nodeid for item in items if key(item) >= gate), None)
 
 
@@ -194,8 +199,8 @@ def open_tail_gate(config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session):
-    """The tail's process (tests/suite.py) waits for the main one's gate: its drills fill the cores the SLURM
-    tests and the last launches leave idle, instead of competing with the first wave of training."""
+    """The tail's process (tests/suite.py) waits for the main one's gate: its drills and SLURM jobs fill the cores
+    the readers of the shared runs leave idle, instead of competing with the waves of training."""
     gate = session.config.getoption("tail_gate")
     if gate and session.config.getoption("suite_part") == "tail":
         while not Path(gate).exists():
@@ -253,13 +258,15 @@ def pytest_sessionfinish(session):
 def pytest_collection_finish(session):
     """What the selected tests use, known before the first one starts: the shared runs (one launch trains
     them all), the BIG-bench download and the local SLURM cluster (both started now, in the background: the
-    cluster's daemons take seconds to register, idle, and its tests run last)."""
+    cluster's daemons take seconds to register, idle, and its tests run last). Not the cluster in a pytest-xdist
+    worker (make test's tail): every worker collects every test, and the one the SLURM group lands on starts it
+    with its first test (tests/slurm_jobs.py)."""
     used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
     session.config.stash[WANTED_RUNS] = {name for name in used if name in SETS}
     if used & {"bigbench_prefetch", "demo_data", *SETS} and "bigbench" not in PREFETCH:
         PREFETCH["bigbench"] = threading.Thread(target=fetch_bigbench_tasks, name="bigbench-prefetch", daemon=True)
         PREFETCH["bigbench"].start()
-    if "slurm" in used and "slurm" not in PREFETCH and can_run_slurm():
+    if "slurm" in used and "slurm" not in PREFETCH and can_run_slurm() and "PYTEST_XDIST_WORKER" not in os.environ:
         PREFETCH["slurm"] = threading.Thread(target=start_slurm_cluster, name="slurm-start", daemon=True)
         PREFETCH["slurm"].start()
 

@@ -2,14 +2,14 @@
 
     python tests/suite.py [pytest args...]
 
-The main process runs the unit tier beside the shared training, the readers of the shared runs and the SLURM tests
-(`--suite-part=main`). The tail (`--suite-part=tail`: the slow tests that read no shared run and start no SLURM job:
-kill drills, end-to-end `make`, the planted drill) is a second pytest with two pytest-xdist workers. It starts with
-the main one (its imports and collection done early) and waits for the main one's gate file, created when its
-shared training has ended or it reaches the SLURM tests, the readers of the last launches or its end, whichever is
-first (tests/conftest.py): until then the waves of training hold both cores. From there the main process runs the
-readers of the shared runs (one core), then the SLURM tests, which wait on the scheduler about half of their time:
-the tail's drills fill what they leave.
+The main process runs the unit tier beside the shared training, then the readers of the shared runs
+(`--suite-part=main`). The tail (`--suite-part=tail`: the slow tests that read no shared run: kill drills,
+end-to-end `make`, the planted drill, the SLURM jobs) is a second pytest with three pytest-xdist workers: the SLURM
+tests, which share one local cluster, are one xdist group on one of them (they wait on the scheduler about half of
+their time), the drills go to the other two. It starts with the main one (its imports and collection done early)
+and waits for the main one's gate file, created when the shared training has ended or the main process reaches the
+readers of the last launches or its end, whichever is first (tests/conftest.py): until then the waves of training
+hold both cores; after it the main process has one core's work left.
 
 The main process prints as it runs; the tail's output follows it. The exit status is the first failing one's (a
 part with no test selected, pytest's 5, counts as passing when the other ran tests).
@@ -28,7 +28,8 @@ NO_TESTS = 5          # pytest's exit status when nothing was selected
 
 
 def pytest_command(part: str, gate: Path, args: list) -> list:
-    workers = ["-n", "2", "--dist", "load"] if part == "tail" else []
+    # the SLURM tests are one xdist group (tests/conftest.py): one worker for them, two for the drills beside
+    workers = ["-n", "3", "--dist", "loadgroup"] if part == "tail" else []
     return [sys.executable, "-m", "pytest", f"--suite-part={part}", f"--tail-gate={gate}", *workers, *args]
 
 
