@@ -136,15 +136,14 @@ def fetch_bigbench_tasks():
 
 def pytest_addoption(parser):
     group = parser.getgroup("suite", "make test's two processes (tests/suite.py)")
-    group.addoption("--suite-part", choices=("all", "main", "tail"), default="all",
-                    help="main: every test but the serial tail (the slow tests that read no shared run: drills, "
-                         "SLURM jobs); tail: only those; all (default): both, in one process")
+    group.addoption("--suite-part", choices=("all", "main", "tail", "slurm"), default="all",
+                    help="main: every test but the slow tests that read no shared run; slurm: those of them that "
+                         "use the local SLURM cluster; tail: the others (drills, end-to-end make); all (default): all")
     group.addoption("--tail-gate", default=None, metavar="PATH",
                     help="the main part creates PATH when its shared training has ended or it reaches the readers of "
                          "the last launches, whichever is first; the tail part waits for PATH before its first test")
 
 
-@pytest.hookimpl(tryfirst=True)      # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     """Order: the unit tier (and the slow tests marked beside_training: a few seconds of their own spawned
     ranks each), then the slow tests that read shared runs (they wait for the training that started
@@ -154,9 +153,9 @@ def pytest_collection_modifyitems(config, items):
     first launches' sets run while the later launches train instead of after the last one. Stable within each
     group.
 
-    `make test` (tests/suite.py) runs the last group, the serial tail, in a second pytest on pytest-xdist workers:
-    the SLURM tests, which share one cluster, are one xdist group (one worker, in this order; the cluster starts
-    with its first test there) and wait on the scheduler about half of their time, beside the other drills."""
+    `make test` (tests/suite.py) runs the last group in two more pytest processes beside the main one: the SLURM
+    tests, which share one local cluster, in one (`--suite-part=slurm`: they wait on the scheduler about half of
+    their time), the other drills in the tail (`--suite-part=tail`, on pytest-xdist workers)."""
     def sets_of(item) -> set:
         fixtures = set(getattr(item, "fixturenames", ()))
         return (fixtures & set(SETS)) | ({"reference_run"} if "reference" in fixtures else set())
@@ -173,12 +172,12 @@ def pytest_collection_modifyitems(config, items):
             return (2, "slurm" not in fixtures)
         return (1, max((finish[n] for n in sets_of(item)), default=last))
     items.sort(key=key)
-    for item in items:
-        if "slurm" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
     part = config.getoption("suite_part")
     if part != "all":
-        keep = [item for item in items if (key(item)[0] == 2) == (part == "tail")]
+        def part_of(item) -> str:
+            k = key(item)
+            return "main" if k[0] < 2 else "tail" if k[1] else "slurm"
+        keep = [item for item in items if part_of(item) == part]
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
     if part == "main":     # the readers of the last launches (or the shared training's end): the tail may start
@@ -202,7 +201,7 @@ def pytest_runtestloop(session):
     """The tail's process (tests/suite.py) waits for the main one's gate: its drills and SLURM jobs fill the cores
     the readers of the shared runs leave idle, instead of competing with the waves of training."""
     gate = session.config.getoption("tail_gate")
-    if gate and session.config.getoption("suite_part") == "tail":
+    if gate and session.config.getoption("suite_part") in ("tail", "slurm"):
         while not Path(gate).exists():
             time.sleep(1.0)
 
@@ -258,15 +257,13 @@ def pytest_sessionfinish(session):
 def pytest_collection_finish(session):
     """What the selected tests use, known before the first one starts: the shared runs (one launch trains
     them all), the BIG-bench download and the local SLURM cluster (both started now, in the background: the
-    cluster's daemons take seconds to register, idle, and its tests run last). Not the cluster in a pytest-xdist
-    worker (make test's tail): every worker collects every test, and the one the SLURM group lands on starts it
-    with its first test (tests/slurm_jobs.py)."""
+    cluster's daemons take seconds to register, idle, and its tests run last)."""
     used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
     session.config.stash[WANTED_RUNS] = {name for name in used if name in SETS}
     if used & {"bigbench_prefetch", "demo_data", *SETS} and "bigbench" not in PREFETCH:
         PREFETCH["bigbench"] = threading.Thread(target=fetch_bigbench_tasks, name="bigbench-prefetch", daemon=True)
         PREFETCH["bigbench"].start()
-    if "slurm" in used and "slurm" not in PREFETCH and can_run_slurm() and "PYTEST_XDIST_WORKER" not in os.environ:
+    if "slurm" in used and "slurm" not in PREFETCH and can_run_slurm():
         PREFETCH["slurm"] = threading.Thread(target=start_slurm_cluster, name="slurm-start", daemon=True)
         PREFETCH["slurm"].start()
 

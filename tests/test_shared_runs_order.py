@@ -44,9 +44,6 @@ class _Item:
     def get_closest_marker(self, name):
         return name if name in self.markers else None
 
-    def add_marker(self, mark):
-        self.markers.add(f"{mark.name}({', '.join(mark.args)})")
-
 
 class _Config:
     def __init__(self, part):
@@ -61,7 +58,7 @@ class _Config:
         self.deselected += items
 
 
-def test_make_tests_two_processes_split_the_suite_at_the_tail_and_the_gate_opens_at_the_last_readers():
+def test_make_tests_three_processes_split_the_suite_at_the_tail_and_the_gate_opens_at_the_last_readers():
     from tests import conftest
     from tests.suite import exit_status
 
@@ -69,19 +66,17 @@ def test_make_tests_two_processes_split_the_suite_at_the_tail_and_the_gate_opens
         return [_Item("tail", ["slow"]), _Item("reader", ["slow"], ["reference"]), _Item("unit"),
                 _Item("slurm", ["slow"], ["slurm"]), _Item("beside", ["slow", "beside_training"])]
     kept = {}
-    for part in ("all", "main", "tail"):
+    for part in ("all", "main", "tail", "slurm"):
         config, items = _Config(part), collected()
         conftest.pytest_collection_modifyitems(config, items)
         kept[part] = [item.nodeid for item in items]
         assert sorted(kept[part] + [item.nodeid for item in config.deselected]) == sorted(kept["all"]), part
         if part == "main":
             assert config.stash[conftest.TAIL_GATE_ITEM] == "reader"
-        if part != "main":        # the SLURM tests share one cluster: one xdist group, first in the tail
-            assert [item.markers for item in items if item.nodeid == "slurm"] == [{"slow", "xdist_group(slurm)"}]
     assert kept == {"all": ["unit", "beside", "reader", "slurm", "tail"], "main": ["unit", "beside", "reader"],
-                    "tail": ["slurm", "tail"]}
-    assert [exit_status(0, 0), exit_status(5, 0), exit_status(0, 5), exit_status(5, 5)] == [0, 0, 0, 5]
-    assert [exit_status(1, 0), exit_status(0, 2), exit_status(5, 1), exit_status(3, 1)] == [1, 2, 1, 3]
+                    "tail": ["tail"], "slurm": ["slurm"]}
+    assert [exit_status(0, 0, 0), exit_status(5, 0, 5), exit_status(0, 5, 5), exit_status(5, 5, 5)] == [0, 0, 0, 5]
+    assert [exit_status(1, 0, 0), exit_status(0, 2, 0), exit_status(5, 5, 1), exit_status(3, 1, 0)] == [1, 2, 1, 3]
 
 
 def test_the_shared_runs_say_when_their_training_has_ended(tmp_path):
