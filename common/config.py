@@ -14,6 +14,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from common.compose_cache import compose_cached
+
 DESCRIBE_HINT = "check the key's spelling and type; `.venv/bin/python -m pretrain.config --describe` lists every field."
 
 
@@ -35,11 +37,10 @@ class ConfigError(ValueError):
 
 def compose_dir(config_dir, name: str, overrides: Iterable[str] = (), source: str = "",
                 hint: str = DESCRIBE_HINT) -> DictConfig:
-    """Hydra composition of <config_dir>/<name>.yaml; errors become ConfigError naming the file and `hint`."""
-    GlobalHydra.instance().clear()
+    """Hydra composition of <config_dir>/<name>.yaml (common/compose_cache.py keeps the composed trees); errors
+    become ConfigError naming the file and `hint`."""
     try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            return compose(config_name=name, overrides=list(overrides))
+        return compose_cached(config_dir, name, list(overrides), lambda given: _compose(config_dir, name, given))
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError([f"{err}".strip() + f"\n    Fix: {hint}"],
                           source=source or f"{config_dir}/{name}.yaml") from None
@@ -47,5 +48,12 @@ def compose_dir(config_dir, name: str, overrides: Iterable[str] = (), source: st
         raise ConfigError([f"{err}".strip().replace("\n", "\n    ") + "\n    Fix: correct that YAML file (a key given "
                            "twice, an indentation, an unclosed quote or bracket)"],
                           source=source or f"{config_dir}/{name}.yaml") from None
+
+
+def _compose(config_dir, name: str, overrides: list) -> DictConfig:
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            return compose(config_name=name, overrides=overrides)
     finally:
         GlobalHydra.instance().clear()
