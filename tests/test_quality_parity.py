@@ -81,3 +81,27 @@ def test_rejection_reason_and_disabled_rule():
     bad.gopher_repetition.top_n_grams = {"two": 0.2}
     with pytest.raises(ConfigError, match="top_n_grams: 'two'"):
         QualityFilter(bad)
+
+
+def plain_ngram_stats(words, n):
+    """The definition of gopher's n-gram fractions, position by position (what filters._ngram_stats computes)."""
+    total = sum(map(len, words)) or 1
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0.0, 0.0
+    top, count = max(((g, grams.count(g)) for g in dict.fromkeys(grams)), key=lambda gc: gc[1])
+    covered = {j for i, g in enumerate(grams) if grams.count(g) > 1 for j in range(i, i + n)}
+    return (sum(map(len, top)) * count / total if count > 1 else 0.0,
+            sum(len(words[j]) for j in covered) / total)
+
+
+def test_gopher_ngram_fractions_are_their_definition(docs):
+    from preprocessing.filters import _WORD, _ngram_stats
+    rng = random.Random(3)
+    words = "a bb a ccc the x".split()
+    texts = [*docs[:150], *(" ".join(rng.choice(words) for _ in range(rng.randint(0, 60))) for _ in range(300)),
+             "", "a", "a b a b a b"]
+    for text in texts:
+        words = _WORD.findall(text)
+        for n in range(1, 11):
+            assert _ngram_stats(words, n) == plain_ngram_stats(words, n), (n, text[:80])
