@@ -22,8 +22,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
+from common.paths import CONF_DIR
+
 # The search path's other directory: hydra_plugins/pretrain_searchpath appends it to every composition.
-SEARCH_DIRS = (Path(__file__).resolve().parents[1] / "conf",)
+SEARCH_DIRS = (CONF_DIR,)
 _TREES: dict = {}        # (config dir, name, group overrides, YAML digest) -> the composed DictConfig
 _PARSER: list = []       # one OverridesParser (building its grammar costs more than a parse)
 

@@ -89,8 +89,8 @@ def filter_problems(cfg: FilterConfig) -> List[str]:
 
 def _ngram_stats(words: List[str], n: int) -> Tuple[float, float]:
     """(char fraction of the most frequent n-gram, char fraction of the words inside a repeated n-gram).
-    The n-grams are zipped and the covered words found by a convolution: ~3x faster than slicing a tuple per
-    position and marking words in a loop (the demo's filter stage 20 s -> ~9 s of CPU), the same fractions."""
+    The n-grams are zipped and the covered words found by a convolution instead of a tuple sliced per position
+    and words marked in a loop: the same fractions, the demo's filter stage 19.9 s -> 16.0 s of CPU."""
     lengths = np.fromiter(map(len, words), np.int64, len(words))
     total = int(lengths.sum()) or 1
     if len(words) < n:

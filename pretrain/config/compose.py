@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from common.config import compose_dir
-from common.paths import RECIPES_DIR, REPO_ROOT
+from common.paths import CONF_DIR, RECIPES_DIR
 from common.registry import import_modules
 
 from .derive import derive
@@ -70,7 +70,7 @@ def compose_recipe(recipe: str, overrides: Iterable[str] = ()) -> DictConfig:
 
 
 def _groups() -> list[str]:
-    return [p.name for p in (REPO_ROOT / "conf").iterdir() if p.is_dir()]
+    return [p.name for p in CONF_DIR.iterdir() if p.is_dir()]
 
 
 def check_cli_overrides(argv: list[str]) -> None:

@@ -30,12 +30,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from common.config import ConfigError, doc
-from common.paths import REPO_ROOT
+from common.paths import CONF_DIR, REPO_ROOT
 from pretrain.config.compose import from_yaml, load_recipe
 from pretrain.config.schema import JobConfig
 from pretrain.model.inventory import count_params
 
-LADDER_DIR = REPO_ROOT / "conf" / "ladder"
+LADDER_DIR = CONF_DIR / "ladder"
 
 
 @dataclass
