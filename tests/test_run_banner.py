@@ -37,8 +37,9 @@ def test_megatron_layout_runs_describe_their_layout(layout_runs):
     assert by_dir["tp2"]["precision"] == "fp32 (precision.dtype)"
     assert by_dir["tp2"]["batch"] == \
         f"global {GLOBAL_BATCH} x 128 tokens; micro {MICRO_BATCH}, 4 micro-batches per rank per step"
-    assert STEPS == 12 and by_dir["tp2"]["length"].startswith("12 steps, 12.3K tokens; lr 0.001 cosine to 0.0001, "
-                                                              "warmup 5 steps")       # 12 x 8 x 128 tokens
+    tokens = f"{STEPS * GLOBAL_BATCH * 128 / 1000:.3g}K"                     # 12 x 4 x 128: 6.14K
+    assert by_dir["tp2"]["length"].startswith(f"{STEPS} steps, {tokens} tokens; lr 0.001 cosine to 0.0001, "
+                                              "warmup 5 steps")
     assert by_dir["tp2"]["length"].endswith("optimizer adamw (AdamW)")        # the kernel under the wrappers
     assert by_dir["tp2"]["fusions"] == "none (CPU)"
     assert by_dir["tp2"]["attention"] == (f"{CPU_KERNEL} [TorchDotProductAttention (pretrain/model/"

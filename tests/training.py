@@ -31,8 +31,8 @@ PY = sys.executable
 DEMO = REPO / "data/demo/bpe4k"                       # what the demo_data fixture makes
 
 STEPS = 12
-GLOBAL_BATCH = 8        # samples a step (x seq_length 128: 1,024 tokens); 16 cost ~1.8x the CPU a step
-MICRO_BATCH = 2         # the micro-batches a step are as many as at 16/4: PP=2 and DP=2 keep their schedules
+GLOBAL_BATCH = 4        # samples a step (x seq_length 128: 512 tokens); 8 cost ~1.6x the step time, 16 ~2.9x
+MICRO_BATCH = 1         # the micro-batches a step are as many as at 16/4: PP=2 and DP=2 keep their schedules
 BASE = [f"schedule.train_iters={STEPS}", f"batch.global_batch_size={GLOBAL_BATCH}",
         f"batch.micro_batch_size={MICRO_BATCH}",
         "logging.log_interval=1", "eval.eval_interval=0", "eval.eval_iters=1", "eval.final_test=false",
