@@ -1,15 +1,16 @@
-"""`make test`: the whole suite as two pytest processes, so that the serial tail overlaps the idle half of the rest.
+"""`make test`: the whole suite as three pytest processes, so that the serial tail overlaps the idle half of the rest.
 
     python tests/suite.py [pytest args...]
 
 The main process runs the unit tier beside the shared training, then the readers of the shared runs
 (`--suite-part=main`). The slow tests that read no shared run go to two more pytest processes, started with the main
 one (their imports and collection done early): the SLURM tests, which share one local cluster, in one
-(`--suite-part=slurm`, in order: they wait on the scheduler about half of their time), and the other drills (kill
-drills, end-to-end `make`, the planted drill) in the tail (`--suite-part=tail`, two pytest-xdist workers). Both wait
-for the main one's gate file, created when the shared training has ended or the main process reaches the readers
-of the last launches or its end, whichever is first (tests/conftest.py): until then the waves of training hold
-both cores; after it the main process has one core's work left. (pytest-xdist's `--dist loadgroup` cannot keep the
+(`--suite-part=slurm`, in order: they wait on the scheduler about half of their time, so they start at once, beside
+the training), and the other drills (kill drills, end-to-end `make`, the planted drill) in the tail
+(`--suite-part=tail`, two pytest-xdist workers). The tail waits for the main one's gate file, created when the
+shared training has ended or the main process reaches the readers of the last launches or its end, whichever is
+first (tests/conftest.py): until then the waves of training hold both cores; after it the main process has one
+core's work left. (pytest-xdist's `--dist loadgroup` cannot keep the
 SLURM tests on one worker under pytest 9.2: its group suffix on the node id no longer takes, pytest-xdist #1386.)
 
 The main process prints as it runs; the SLURM part's and the tail's output follow it. The exit status is the first
