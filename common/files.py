@@ -5,11 +5,13 @@ final.json: a crash leaves the old file or none, and a `<name>.tmp` beside it.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import shutil
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional
@@ -118,6 +120,22 @@ _HELD: Dict[str, threading.Lock] = {}
 _HELD_GUARD = threading.Lock()
 
 
+def _wait_for_record_lock(f) -> None:
+    """lockf(LOCK_EX), released when this process closes the file, also on an error. The kernel fails a wait
+    with EDEADLK when the holder waits for a lock this process holds; but locks belong to processes, and here
+    another thread may hold that one and release it (make test's pytests: one's thread held the BIG-bench lock
+    while its main thread waited for the demo-build lock the other held, waiting for BIG-bench). Such a wait is
+    asked again until the lock comes; a true cycle waits on, bounded by the caller's timeout."""
+    while True:
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX)
+            return
+        except OSError as err:
+            if err.errno != errno.EDEADLK:
+                raise
+            time.sleep(0.1)
+
+
 @contextmanager
 def exclusive(path: Path | str, on_wait: Optional[Callable[[str], None]] = None) -> Iterator[None]:
     """Hold `path` (a lock file, created if missing) against other processes and other threads of this one.
@@ -137,7 +155,7 @@ def exclusive(path: Path | str, on_wait: Optional[Callable[[str], None]] = None)
             if on_wait is not None:
                 f.seek(0)
                 on_wait(f.read().strip() or "a process that wrote no pid")
-            fcntl.lockf(f, fcntl.LOCK_EX)      # released when this process closes the file, also on an error
+            _wait_for_record_lock(f)
         f.truncate(0)
         f.write(f"{os.getpid()} {os.uname().nodename}\n")
         f.flush()

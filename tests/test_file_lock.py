@@ -58,3 +58,48 @@ def test_threads_of_one_process_take_turns(tmp_path):
     for t in threads:
         t.join()
     assert most[0] == 1
+
+
+HOLD_Y_THEN_TAKE_X = """import sys
+from common.files import exclusive
+with exclusive(sys.argv[1]):
+    print('holding', flush=True)
+    with exclusive(sys.argv[2]):
+        print('done', flush=True)
+"""
+
+
+def blocked_on_a_lock(pid: int) -> bool:
+    """/proc/locks lists a request that waits with '->' before its type."""
+    return any("->" in line and f" {pid} " in line for line in open("/proc/locks"))
+
+
+def test_a_wait_the_kernel_calls_a_deadlock_is_waited_out(tmp_path):
+    # As it happened in make test: one pytest's thread held the BIG-bench lock (x) while its main thread waited for
+    # the demo-build lock (y) that another pytest held while it waited for x. Record locks belong to processes, so
+    # the kernel saw a cycle and failed the second wait with EDEADLK; the thread would have released x.
+    x, y, released = tmp_path / ".x.lock", tmp_path / ".y.lock", threading.Event()
+    holding = threading.Event()
+
+    def hold_x():
+        with exclusive(x):
+            holding.set()
+            released.wait()
+    holder = threading.Thread(target=hold_x)
+    holder.start()
+    holding.wait()
+    other = subprocess.Popen([sys.executable, "-c", HOLD_Y_THEN_TAKE_X, str(y), str(x)], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE)
+    try:
+        assert other.stdout.readline().strip() == "holding"
+        while not blocked_on_a_lock(other.pid):          # it waits for x now (bounded by pytest's timeout)
+            time.sleep(0.05)
+        # this process asks for y while its thread still holds x: released a second later, so the kernel's
+        # EDEADLK comes first
+        with exclusive(y, on_wait=lambda _: threading.Timer(1.0, released.set).start()):
+            pass
+        assert other.stdout.readline().strip() == "done" and other.wait() == 0
+    finally:
+        released.set()
+        holder.join()
+        other.kill()
