@@ -15,7 +15,7 @@ from pretrain.config.compose import load_recipe
 from pretrain.config.derive import batch_ramp
 from pretrain.data.mix import PhasedMix
 from tests.conftest import REPO
-from tests.training import BASE, DEMO, GLOBAL_BATCH, SAVE_AT, STEPS, shared_runs
+from tests.training import DEMO, GLOBAL_BATCH, SAVE_AT, STEPS, base_overrides, shared_runs
 
 RAMP = ["batch.global_batch_size=16", "batch.ramp_start=8", "batch.ramp_increment=4", "batch.ramp_over=24",
         "batch.micro_batch_size=2", "schedule.train_iters=8", "model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
@@ -48,7 +48,7 @@ def test_distributed_optimizer_resume_reproduces_the_uninterrupted_run_exactly(d
     # It saves asynchronously: training goes on while step K is written, and the resume is still exact.
     full, run_dir = distopt_full["full"], distopt_full.root / "full"
     assert json.loads((ckpt(run_dir, K) / "meta.json").read_text())["loop"]["step"] == K
-    cfg = load_recipe("gpt-tiny", BASE + DISTOPT + ["cluster.devices_per_node=2"])
+    cfg = load_recipe("gpt-tiny", base_overrides() + DISTOPT + ["cluster.devices_per_node=2"])
     expected, consumed = [], 0
     for _ in range(8):
         expected.append(batch_ramp(cfg).global_batch(consumed))

@@ -134,8 +134,8 @@ def consolidated_loss(state, consumed: int) -> float:
     from pretrain.engines.megatron.checkpointing import unwrap
     from pretrain.engines.megatron.engine import MegatronEngine
     from pretrain.objectives.registry import objective_for
-    from tests.training import BASE, MICRO_BATCH
-    cfg = load_recipe("gpt-tiny", BASE + SHORT + ["cluster.devices_per_node=1"])
+    from tests.training import MICRO_BATCH, base_overrides
+    cfg = load_recipe("gpt-tiny", base_overrides() + SHORT + ["cluster.devices_per_node=1"])
     engine = MegatronEngine(cfg, objective_for(cfg))
     missing, unexpected = unwrap(engine.model[0]).load_state_dict(state, strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)

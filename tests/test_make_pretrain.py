@@ -12,16 +12,17 @@ from tests.test_run_banner import banners
 @pytest.mark.slow
 def test_make_pretrain_end_to_end(demo_data, tmp_path):
     run_dir = tmp_path / "tiny run"
+    # half the recipe's global batch of 32: one micro-batch of its 8 a rank and step
     overrides = (f"run_dir='{run_dir}' schedule.train_iters=6 logging.log_interval=2 eval.eval_interval=3 "
-                 "eval.eval_iters=2 schedule.lr_warmup=2")
+                 "eval.eval_iters=2 schedule.lr_warmup=2 batch.global_batch_size=16")
     res = subprocess.run(["make", "-s", "pretrain", "RECIPE=gpt-tiny", f"OVERRIDES={overrides}"], cwd=REPO,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "step      6/6" in res.stdout and "test loss" in res.stdout and f"run directory: {run_dir}" in res.stdout
     (block,) = banners(res.stdout)                      # what the run is, before any step line
     assert block["name"] == "gpt-tiny" and block["run dir"] == str(run_dir)
-    assert re.fullmatch(r"data/demo/bpe4k/blend\.json; epochs: train_text_document: draws 24\.6K of its \S+ tokens = "
-                        r"0\.00\d+ epochs", block["data"])   # 6 steps x 32 x 128 tokens
+    assert re.fullmatch(r"data/demo/bpe4k/blend\.json; epochs: train_text_document: draws 12\.3K of its \S+ tokens = "
+                        r"0\.00\d+ epochs", block["data"])   # 6 steps x 16 x 128 tokens
     assert block["layout"] == "2 ranks = TP 1 x PP 1 x CP 1 x EP 1 x DP 2, ZeRO stage 0"
     assert res.stdout.index("==== gpt-tiny ") < res.stdout.index("step      2/6")
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

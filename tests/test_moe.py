@@ -11,7 +11,7 @@ import torch
 from common.config import ConfigError
 from pretrain.config.compose import load_recipe
 from pretrain.model.inventory import count_params
-from tests.training import GLOBAL_BATCH, STEPS, job_log, shared_runs
+from tests.training import GLOBAL_BATCH, LAYERS, STEPS, job_log, shared_runs
 
 MOE = ["model=moe-tiny", "moe.num_experts=4", "moe.router_topk=2", "moe.z_loss_coeff=1e-3"]
 SAVE_AT = 8
@@ -152,7 +152,7 @@ def test_router_losses_and_expert_load_are_logged(moe_runs):
         assert 1.0 <= r["moe_load_balancing_loss"] < 1.2           # Switch loss: 1.0 for an even router
         assert r["moe_z_loss"] > 0 and r["moe_dropped"] == 0.0      # dropless
         layers = r["moe_layers"]
-        assert sorted(layers) == ["1", "2", "3", "4"]
+        assert sorted(layers) == [str(k) for k in range(1, LAYERS + 1)]      # the shared runs' depth (SHAPE)
         # every token goes to 2 experts: a step's GLOBAL_BATCH x 128 tokens fill 2 slots each per layer
         assert all(sum(counts) == 2 * GLOBAL_BATCH * 128 for counts in layers.values())
         share = 2 * GLOBAL_BATCH * 128 / 4                                  # an even share of one layer's slots

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from common.config import ConfigError
 from pretrain.config.compose import load_recipe
-from tests.training import shared_runs
+from tests.training import FULL_DEPTH, shared_runs
 
 MTP = ["model.mtp_num_layers=1"]
 
@@ -147,21 +147,23 @@ def test_mtp_off_is_the_default_and_zero_is_off():
         assert mtp_config(cfg) == {}
 
 
-ROPE = ["schedule.train_iters=8", "model.position_embedding_type=rope", "checkpoint.save_final=true", *MTP]
+ROPE = ["schedule.train_iters=8", "model.position_embedding_type=rope", "checkpoint.save_final=true", *MTP,
+        *FULL_DEPTH]
 
 
 @shared_runs(nproc=2)
 def mtp_tp2(root, runs):
     """gpt-tiny with one MTP depth at TP=2, 8 steps; and at PP=2 (tied embeddings: the last stage's MTP holds
-    the word-embedding copy) with RoPE (learned positions are refused at PP>1), saving its checkpoint."""
-    return {"tp2": ["parallel=tp2", "schedule.train_iters=8", *MTP], "pp2": ["parallel=pp2", *ROPE]}
+    the word-embedding copy) with RoPE (learned positions are refused at PP>1), saving its checkpoint. The recipe's
+    4 layers (FULL_DEPTH), which docs/mtp.md's figures and per-stage parameter counts are of."""
+    return {"tp2": ["parallel=tp2", "schedule.train_iters=8", *MTP, *FULL_DEPTH], "pp2": ["parallel=pp2", *ROPE]}
 
 
 @shared_runs(nproc=1)
 def mtp_single(root, runs):
     """The same 8 steps on one process, and without MTP (the main loss differs only through training)."""
-    return {"one": ["schedule.train_iters=8", "checkpoint.save_final=true", *MTP], "off": ["schedule.train_iters=8"],
-            "rope": ROPE}
+    return {"one": ["schedule.train_iters=8", "checkpoint.save_final=true", *MTP, *FULL_DEPTH],
+            "off": ["schedule.train_iters=8", *FULL_DEPTH], "rope": ROPE}
 
 
 @pytest.mark.slow

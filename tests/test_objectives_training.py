@@ -93,13 +93,14 @@ def test_bert_exports_to_transformers_which_gives_the_runs_held_out_loss(objecti
     from pretrain.data.datasets import eval_batches, split_sizes
     from pretrain.hf.convert import export
     from pretrain.objectives.registry import objective_for
-    from tests.training import BASE
+    from tests.training import base_overrides
 
     run = objective_reference.root / "bert"
     out = export(run / "checkpoints", tmp_path / "hf")
     model = AutoModelForPreTraining.from_pretrained(str(out)).eval()
     assert type(model).__name__ == "MegatronBertForPreTraining"
-    cfg = load_recipe("bert-tiny", [*BASE, "cluster.devices_per_node=1", *SHORT, *BERT])      # the run's batch
+    # the run's batch
+    cfg = load_recipe("bert-tiny", [*base_overrides("bert-tiny"), "cluster.devices_per_node=1", *SHORT, *BERT])
     valid = objective_for(cfg).build_datasets(split_sizes(cfg), lambda: True)[1]
     losses = []
     with torch.no_grad():

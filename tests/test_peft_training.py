@@ -1,7 +1,8 @@
 """PEFT and distillation through the real engine and loop (pretrain/objectives/adapters.py).
 
-The PEFT base is the 4-layer gpt-tiny the layout runs saved at step SAVE_AT (DP=2, distributed optimizer: a
-checkpoint loads at any layout); the distillation teacher is gpt-tiny trained TEACHER_STEPS steps (teacher_run).
+The PEFT base is the 2-layer gpt-tiny (tests.training.SHAPE) the layout runs saved at step SAVE_AT (DP=2, distributed
+optimizer: a checkpoint loads at any layout); the distillation teacher is the recipe's 4-layer gpt-tiny trained
+TEACHER_STEPS steps (teacher_run).
 The shared sets train 10 steps each: on 1 process beside the 2-process launch, and the TP=2 twins on 2 processes.
 Module-level checks (TP-sharded shapes, merge algebra, one optimizer step at TP=2 against TP=1) are in
 tests/test_lora.py, tests/test_adapters_ptuning.py, tests/test_distill.py.
@@ -17,7 +18,7 @@ import torch
 
 from tests.conftest import REPO
 from tests.test_stability import records_of, workers_of
-from tests.training import STEPS, shared_runs, training_command, training_env
+from tests.training import FULL_DEPTH, STEPS, shared_runs, training_command, training_env
 
 N = 10
 SHORT = [f"schedule.train_iters={N}", f"schedule.lr_decay={STEPS}", "eval.eval_iters=4"]
@@ -42,8 +43,9 @@ def distill(teacher_run, alpha):
 
 @shared_runs(nproc=1)
 def teacher_run(root, runs):
-    """gpt-tiny trained TEACHER_STEPS steps on 1 process: the distillation tests' teacher."""
-    return {"teacher": [f"schedule.train_iters={TEACHER_STEPS}", "checkpoint.save_final=true"]}
+    """gpt-tiny trained TEACHER_STEPS steps on 1 process: the distillation tests' teacher, at the recipe's 4 layers
+    (FULL_DEPTH: `distill.teacher_recipe=gpt-tiny` composes it so)."""
+    return {"teacher": [f"schedule.train_iters={TEACHER_STEPS}", "checkpoint.save_final=true", *FULL_DEPTH]}
 
 
 @shared_runs(nproc=1, needs=["layout_runs"])

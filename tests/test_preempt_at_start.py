@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.training import BASE, PY, REPO, records, training_env
+from tests.training import PY, REPO, base_overrides, records, training_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("demo_data")]   # run alone, too
 USR1_BIT = 1 << (signal.SIGUSR1 - 1)           # /proc/<pid>/status SigCgt: the signals with a handler
@@ -31,7 +31,7 @@ def free_port() -> int:
 def start(run_dir) -> subprocess.Popen:
     env = dict(training_env(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()))
-    return subprocess.Popen([PY, "-m", "pretrain.train", "-cn", "gpt-tiny", *BASE, "schedule.train_iters=3",
+    return subprocess.Popen([PY, "-m", "pretrain.train", "-cn", "gpt-tiny", *base_overrides(), "schedule.train_iters=3",
                              "cluster.devices_per_node=1", "stability.watchdog_minutes=0", f"run_dir={run_dir}"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

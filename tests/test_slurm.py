@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import REPO, newest_checkpoint
 from tests.slurm_jobs import ENDED, job_info, submitted, wait_for
 from tests.test_slurm_scripts import CLUSTER, make_pretrain, site_scripts
-from tests.training import BASE
+from tests.training import base_overrides
 
 STEPS = 20
 
@@ -49,7 +49,7 @@ def test_jobs_train_and_a_usr1_job_requeues_and_resumes_to_the_same_loss(slurm, 
     marker = tmp_path / "executed"
     nasty = f"$(touch {marker}) `touch {marker}`; x & y"
     plain_dir, usr1_dir = tmp_path / f"plain run $(touch {marker})", tmp_path / "usr1"
-    common = " ".join([*CLUSTER, *BASE, f"schedule.train_iters={STEPS}", "checkpoint.save_interval=10"])
+    common = " ".join([*CLUSTER, *base_overrides(), f"schedule.train_iters={STEPS}", "checkpoint.save_interval=10"])
     plain = submitted(make_pretrain("gpt-tiny", f"{common} run_dir='{plain_dir}' name='tiny {nasty}' "
                                                 f"+cluster.env.NOTE='\"{nasty}\"' logging.tensorboard=true",
                                   RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"))   # sbatch exports the submitter's env
@@ -105,8 +105,9 @@ def test_a_rank_that_raises_or_hangs_ends_the_step_the_job_requeues_and_resumes_
     A config that no longer validates (edited after submission) is refused with exit 2 and not requeued."""
     from launch.slurm import render, sbatch
     from pretrain.config.compose import load_recipe, to_yaml
-    common = [*CLUSTER, *BASE, "schedule.train_iters=10", "checkpoint.save_interval=3", "cluster.health_check=false",
-              "cluster.restart_backoff_s=0", f"cluster.bad_nodes_file={tmp_path / 'bad.txt'}"]
+    common = [*CLUSTER, *base_overrides(), "schedule.train_iters=10", "checkpoint.save_interval=3",
+              "cluster.health_check=false", "cluster.restart_backoff_s=0",
+              f"cluster.bad_nodes_file={tmp_path / 'bad.txt'}"]
     drilled_dir, refused_dir = tmp_path / "drilled", tmp_path / "refused"
     drilled = submitted(make_pretrain("gpt-tiny", " ".join([
         *common, f"run_dir={drilled_dir}", "fault.rank=1", "fault.raise_at_step=5", "fault.hang_at_step=8",
@@ -149,7 +150,7 @@ def test_a_rank_that_raises_or_hangs_ends_the_step_the_job_requeues_and_resumes_
 @pytest.mark.slow
 def test_health_check_marks_a_failing_node_and_the_next_submission_excludes_it(slurm, demo_data, tmp_path):
     bad = tmp_path / "bad_nodes.txt"
-    overrides = " ".join([*CLUSTER, *BASE, f"run_dir={tmp_path / 'run'}", "cluster.health_min_free_gb=1e9",
+    overrides = " ".join([*CLUSTER, *base_overrides(), f"run_dir={tmp_path / 'run'}", "cluster.health_min_free_gb=1e9",
                           f"cluster.bad_nodes_file={bad}"])
     job = submitted(make_pretrain("gpt-tiny", overrides))
     info = wait_for(job)
@@ -166,7 +167,7 @@ def test_health_check_marks_a_failing_node_and_the_next_submission_excludes_it(s
 @pytest.mark.slow
 def test_ablate_on_slurm_runs_each_combination_as_a_submitit_job_with_its_own_directory(slurm, demo_data, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    overrides = " ".join([*CLUSTER, *BASE, "schedule.train_iters=6", "schedule.lr_warmup=2",
+    overrides = " ".join([*CLUSTER, *base_overrides(), "schedule.train_iters=6", "schedule.lr_warmup=2",
                           "logging.tensorboard=true"])
     res = subprocess.run(["make", "-s", "ablate", "RECIPE=gpt-tiny", "SWEEP=optim.lr=1e-3,3e-3",
                           f"OVERRIDES={overrides}"],

@@ -15,7 +15,7 @@ from pretrain.observability.report import read_jsonl
 from pretrain.observability.trackers.fanout import scalars_of
 from pretrain.observability.trackers.registry import active_trackers
 from pretrain.observability.trackers.wandb import history_steps
-from tests.training import PY, REPO, STEPS, records, shared_runs, training_command, training_env
+from tests.training import LAYERS, PY, REPO, STEPS, records, shared_runs, training_command, training_env
 
 ALL = "logging.trackers=[tensorboard,wandb,mlflow]"
 # what a re-trained step measures anew (time, speed, memory); everything else is equal on a resume
@@ -146,10 +146,11 @@ def test_killed_and_resumed_run_continues_the_same_tracker_runs_with_no_step_twi
     [newest] = sorted(run.glob(f"wandb/offline-run-*-{ids['wandb']['id']}/run-*.wandb"))[-1:]
     summary = json.loads(subprocess.run([PY, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(newest)],
                                         capture_output=True, text=True, check=True).stdout)
-    assert summary["config"]["model"]["num_layers"] == 4 and summary["config"]["provenance"]["git_commit"] == commit
+    assert summary["config"]["model"]["num_layers"] == LAYERS
+    assert summary["config"]["provenance"]["git_commit"] == commit
     assert summary["summary"]["events/last_resume"]["checkpoint_step"] == 5
     data = client.get_run(ids["mlflow"]["id"]).data
-    assert data.params["model.num_layers"] == "4" and data.tags["git_commit"] == commit
+    assert data.params["model.num_layers"] == str(LAYERS) and data.tags["git_commit"] == commit
     assert json.loads(data.tags["event.resume"])["checkpoint_step"] == 5
     files = {f.path for f in client.list_artifacts(ids["mlflow"]["id"])}
     files |= {f.path for f in client.list_artifacts(ids["mlflow"]["id"], "provenance")}

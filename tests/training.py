@@ -44,11 +44,23 @@ LAYOUTS = {"tp2": ["parallel=tp2"], "tp2-sp": ["parallel=tp2-sp"], "pp2": ["para
            "dp2-overlap": ["parallel=dp-overlap", "schedule.train_iters=10", f"schedule.lr_decay={STEPS}"],
            "dp2-distopt-overlap": ["parallel=dist-opt-overlap"]}
 SAVE_AT = 8             # one checkpoint per layout run (the next multiple is past STEPS)
+# The shared runs' and drills' gpt-tiny: 2 of the recipe's 4 layers. A job's time is its layers' matmuls and, at
+# TP=2, their collectives: a 12-step job alone on 1 process 2.5 s -> 1.8-2.0 s, at TP=2 4.1 -> 2.5-2.8 s
+# (2026-12-03, two rounds in one launch). Sets that need the recipe's depth add FULL_DEPTH (it comes later: it wins).
+LAYERS = 2
+SHAPE = {"gpt-tiny": [f"model.num_layers={LAYERS}"]}        # also the gpt-tiny jobs that pick model=moe-tiny
+FULL_DEPTH = ["model.num_layers=4"]
+
+
+def base_overrides(recipe="gpt-tiny") -> list:
+    """BASE and the recipe's SHAPE: what every shared run and drill of `recipe` starts from."""
+    return [*BASE, *SHAPE.get(recipe, [])]
 
 
 def training_command(run_dir, overrides, nproc=2, recipe="gpt-tiny") -> list:
     return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "pretrain.train",
-            "-cn", recipe, *BASE, f"cluster.devices_per_node={nproc}", f"run_dir={run_dir}", *overrides]
+            "-cn", recipe, *base_overrides(recipe), f"cluster.devices_per_node={nproc}", f"run_dir={run_dir}",
+            *overrides]
 
 
 def training_env() -> dict:
@@ -94,7 +106,8 @@ def launch(jobs_file, jobs: list, nproc=2, recipe="gpt-tiny", timeout=900, on_po
     for run_dir, overrides in jobs:
         name, rest = job_recipe(overrides, recipe)
         spec.append({"recipe": name, "log": str(run_dir),
-                     "overrides": [*BASE, f"cluster.devices_per_node={nproc}", f"run_dir={run_dir}", *rest]})
+                     "overrides": [*base_overrides(name), f"cluster.devices_per_node={nproc}",
+                                   f"run_dir={run_dir}", *rest]})
     jobs_file.write_text(json.dumps(spec, indent=1))
     # its own session, so that SessionRuns.stop can end it; the workers die with torchrun (PDEATHSIG)
     proc = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
