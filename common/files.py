@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -118,14 +119,24 @@ def update_dir(tmp: Path | str, out: Path | str, ours: str) -> None:
 
 _HELD: Dict[str, threading.Lock] = {}
 _HELD_GUARD = threading.Lock()
+# How long the kernel may go on calling a wait a deadlock before it is taken for one. A false one lasts as long as
+# another thread of this process holds the lock the holder waits for (a download here: seconds to a minute).
+DEADLOCK_WAIT_S = 600.0
 
 
-def _wait_for_record_lock(f) -> None:
+def _holder(f) -> str:
+    f.seek(0)
+    return f.read().strip() or "a process that wrote no pid"
+
+
+def _wait_for_record_lock(f, path) -> None:
     """lockf(LOCK_EX), released when this process closes the file, also on an error. The kernel fails a wait
     with EDEADLK when the holder waits for a lock this process holds; but locks belong to processes, and here
     another thread may hold that one and release it (make test's pytests: one's thread held the BIG-bench lock
     while its main thread waited for the demo-build lock the other held, waiting for BIG-bench). Such a wait is
-    asked again until the lock comes; a true cycle waits on, bounded by the caller's timeout."""
+    asked again, said once on stderr; past DEADLOCK_WAIT_S of EDEADLK answers it is a true cycle and raises,
+    naming the lock and its holder, instead of hanging every process of the cycle."""
+    deadline = None
     while True:
         try:
             fcntl.lockf(f, fcntl.LOCK_EX)
@@ -133,6 +144,15 @@ def _wait_for_record_lock(f) -> None:
         except OSError as err:
             if err.errno != errno.EDEADLK:
                 raise
+            if deadline is None:
+                deadline = time.monotonic() + DEADLOCK_WAIT_S
+                print(f"lock {path}: held by {_holder(f)}, which waits for a lock this process holds (EDEADLK); "
+                      f"waiting up to {DEADLOCK_WAIT_S:.0f} s for this process's other thread to release it",
+                      file=sys.stderr, flush=True)
+            elif time.monotonic() > deadline:
+                raise TimeoutError(errno.EDEADLK, f"lock {path}: still a deadlock after {DEADLOCK_WAIT_S:.0f} s "
+                                   f"(held by {_holder(f)}, which waits for a lock this process holds). Fix: take "
+                                   "the locks in one order in every process") from err
             time.sleep(0.1)
 
 
@@ -153,9 +173,8 @@ def exclusive(path: Path | str, on_wait: Optional[Callable[[str], None]] = None)
             fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:                        # EAGAIN or EACCES: another process holds it
             if on_wait is not None:
-                f.seek(0)
-                on_wait(f.read().strip() or "a process that wrote no pid")
-            _wait_for_record_lock(f)
+                on_wait(_holder(f))
+            _wait_for_record_lock(f, path)
         f.truncate(0)
         f.write(f"{os.getpid()} {os.uname().nodename}\n")
         f.flush()

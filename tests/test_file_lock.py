@@ -103,3 +103,28 @@ def test_a_wait_the_kernel_calls_a_deadlock_is_waited_out(tmp_path):
         released.set()
         holder.join()
         other.kill()
+
+
+def test_a_true_lock_cycle_is_refused_naming_the_lock_and_its_holder(tmp_path, monkeypatch, capsys):
+    # Two processes take x and y in opposite orders: the kernel's EDEADLK is waited out for DEADLOCK_WAIT_S, then
+    # raised as a deadlock naming the lock and the holder, instead of hanging both processes.
+    import pytest
+
+    from common import files
+    monkeypatch.setattr(files, "DEADLOCK_WAIT_S", 0.5)
+    x, y = tmp_path / ".x.lock", tmp_path / ".y.lock"
+    with exclusive(y):
+        other = subprocess.Popen([sys.executable, "-c", HOLD_Y_THEN_TAKE_X, str(x), str(y)], cwd=REPO, text=True,
+                                 stdout=subprocess.PIPE)
+        try:
+            assert other.stdout.readline().strip() == "holding"          # it holds x and asks for y (held here)
+            while not blocked_on_a_lock(other.pid):
+                time.sleep(0.05)
+            with pytest.raises(TimeoutError, match=rf"lock {x}: still a deadlock after 0 s \(held by {other.pid} "):
+                with exclusive(x):
+                    pass
+            assert f"lock {x}: held by {other.pid} " in capsys.readouterr().err          # said once, at the first
+        except BaseException:
+            other.kill()
+            raise
+    assert other.stdout.readline().strip() == "done" and other.wait(timeout=60) == 0   # y released: it goes on

@@ -152,7 +152,7 @@ def test_router_losses_and_expert_load_are_logged(moe_runs):
         assert 1.0 <= r["moe_load_balancing_loss"] < 1.2           # Switch loss: 1.0 for an even router
         assert r["moe_z_loss"] > 0 and r["moe_dropped"] == 0.0      # dropless
         layers = r["moe_layers"]
-        assert sorted(layers) == [str(k) for k in range(1, LAYERS + 1)]      # the shared runs' depth (SHAPE)
+        assert sorted(layers) == [str(k) for k in range(1, LAYERS + 1)]      # the shared runs' depth (RECIPE_OVERRIDES)
         # every token goes to 2 experts: a step's GLOBAL_BATCH x 128 tokens fill 2 slots each per layer
         assert all(sum(counts) == 2 * GLOBAL_BATCH * 128 for counts in layers.values())
         share = 2 * GLOBAL_BATCH * 128 / 4                                  # an even share of one layer's slots

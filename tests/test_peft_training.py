@@ -1,8 +1,8 @@
 """PEFT and distillation through the real engine and loop (pretrain/objectives/adapters.py).
 
-The PEFT base is the 2-layer gpt-tiny (tests.training.SHAPE) the layout runs saved at step SAVE_AT (DP=2, distributed
-optimizer: a checkpoint loads at any layout); the distillation teacher is the recipe's 4-layer gpt-tiny trained
-TEACHER_STEPS steps (teacher_run).
+The PEFT base is the 2-layer gpt-tiny (tests.training.RECIPE_OVERRIDES) the layout runs saved at step SAVE_AT
+(DP=2, distributed optimizer: a checkpoint loads at any layout); the distillation teacher is the recipe's 4-layer
+gpt-tiny trained TEACHER_STEPS steps (teacher_run).
 The shared sets train 10 steps each: on 1 process beside the 2-process launch, and the TP=2 twins on 2 processes.
 Module-level checks (TP-sharded shapes, merge algebra, one optimizer step at TP=2 against TP=1) are in
 tests/test_lora.py, tests/test_adapters_ptuning.py, tests/test_distill.py.

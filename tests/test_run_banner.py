@@ -30,8 +30,8 @@ def test_megatron_layout_runs_describe_their_layout(layout_runs):
     assert by_dir["tp2-sp"]["layout"].endswith("ZeRO stage 0, sequence parallel")
     assert by_dir["pp2"]["layout"].startswith("2 ranks = TP 1 x PP 2 x")
     assert by_dir["dp2-distopt"]["engine"] == "megatron-core (parallel.engine=megatron), distributed optimizer (ZeRO-1)"
-    # gpt-tiny at the shared runs' 2 layers (tests.training.SHAPE) has 1.7M parameters (the recipe's 4: 2.59M); TP=2
-    # splits most of them, PP=2 gives the stages different shares.
+    # gpt-tiny at the shared runs' 2 layers (tests.training.RECIPE_OVERRIDES) has 1.7M parameters (the recipe's 4:
+    # 2.59M); TP=2 splits most of them, PP=2 gives the stages different shares.
     assert all(b["parameters"].startswith("1.7M total") for b in found)
     assert re.fullmatch(r"1\.7M total; per rank \d{3}K", by_dir["tp2"]["parameters"])
     assert re.fullmatch(r"1\.7M total; per rank \S+ - \S+", by_dir["pp2"]["parameters"])

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]          # as tests.conftest (which imports this module)
 PY = sys.executable
@@ -44,17 +45,21 @@ LAYOUTS = {"tp2": ["parallel=tp2"], "tp2-sp": ["parallel=tp2-sp"], "pp2": ["para
            "dp2-overlap": ["parallel=dp-overlap", "schedule.train_iters=10", f"schedule.lr_decay={STEPS}"],
            "dp2-distopt-overlap": ["parallel=dist-opt-overlap"]}
 SAVE_AT = 8             # one checkpoint per layout run (the next multiple is past STEPS)
-# The shared runs' and drills' gpt-tiny: 2 of the recipe's 4 layers. A job's time is its layers' matmuls and, at
-# TP=2, their collectives: a 12-step job alone on 1 process 2.5 s -> 1.8-2.0 s, at TP=2 4.1 -> 2.5-2.8 s
-# (2026-12-03, two rounds in one launch). Sets that need the recipe's depth add FULL_DEPTH (it comes later: it wins).
+# What the shared runs and drills of one recipe add to BASE, in one place:
+# - gpt-tiny trains 2 of its 4 layers (also the gpt-tiny jobs that pick model=moe-tiny). A job's time is its layers'
+#   matmuls and, at TP=2, their collectives: a 12-step job alone on 1 process 2.5 s -> 1.8-2.0 s, at TP=2 4.1 ->
+#   2.5-2.8 s (2026-12-03, two rounds in one launch). Sets that need the recipe's depth add FULL_DEPTH (later: it wins).
+# - bert-tiny keeps the batch of 8 in micro-batches of 2: at 4 in micro-batches of 1, ZeRO-1 against megatron-core
+#   measured 7.4e-6 in one run and 1.05e-5 (step 8) in the next, past the test's 1e-5 (2026-12-03).
 LAYERS = 2
-SHAPE = {"gpt-tiny": [f"model.num_layers={LAYERS}"]}        # also the gpt-tiny jobs that pick model=moe-tiny
-FULL_DEPTH = ["model.num_layers=4"]
+RECIPE_OVERRIDES = {"gpt-tiny": [f"model.num_layers={LAYERS}"],
+                    "bert-tiny": ["batch.global_batch_size=8", "batch.micro_batch_size=2"]}
+FULL_DEPTH = [f"model.num_layers={yaml.safe_load((REPO / 'conf/model/gpt-tiny.yaml').read_text())['num_layers']}"]
 
 
 def base_overrides(recipe="gpt-tiny") -> list:
-    """BASE and the recipe's SHAPE: what every shared run and drill of `recipe` starts from."""
-    return [*BASE, *SHAPE.get(recipe, [])]
+    """BASE and RECIPE_OVERRIDES[recipe]: what every shared run and drill of `recipe` starts from."""
+    return [*BASE, *RECIPE_OVERRIDES.get(recipe, [])]
 
 
 def training_command(run_dir, overrides, nproc=2, recipe="gpt-tiny") -> list:
