@@ -4,7 +4,7 @@ Two kinds, each a JSONL file plus an lm-eval task YAML (`dataset_path: json`, lo
 `data_files`) under data/evals/tasks/, so `make eval` never touches the network:
 
 * BIG-bench multiple choice: `benchmark_tasks/<task>/task.json` read straight out of the
-  `bigbench==1.0.0` sdist (Apache-2.0; fetched once with `pip download`, only the named files
+  `bigbench==1.0.0` sdist (Apache-2.0; fetched once from pip's sources, only the named files
   are read and kept in data/cache/bigbench-1.0.0/; preprocessing/evalsets.py, which the
   training data's decontamination reads too). Prompts follow BIG-bench's own formatting
   (task_prefix, example_input_prefix, choices appended when the task says so,

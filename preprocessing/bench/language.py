@@ -1,7 +1,7 @@
 """Language identification: accuracy per language on held-out real text, speed on the demo corpus.
 
-Text: the translations that Django 5.2.19's wheel ships (`django==5.2.19`, BSD-3; fetched once with
-`pip download` into data/cache/registry, never installed): every compiled catalog
+Text: the translations that Django 5.2.19's wheel ships (`django==5.2.19`, BSD-3; fetched once from
+pip's sources into data/cache/registry, never installed): every compiled catalog
 `*/locale/<lang>/LC_MESSAGES/django.mo`, read with the standard library's gettext (fuzzy entries
 are not compiled in). One text is one translated message (admin, auth, forms, gis ... help and
 error texts written by Django's translators), with its %(name)s / {name} placeholders and HTML

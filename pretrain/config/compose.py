@@ -93,9 +93,11 @@ def _typed(err: ConfigError) -> ConfigError:
     return ConfigError(problems, source=err.source)
 
 
-def finalize(cfg: DictConfig, recipe: Optional[str] = None) -> JobConfig:
-    """DictConfig -> validated JobConfig with `derived` filled."""
-    cfg = cfg.copy()
+def finalize(cfg: DictConfig, recipe: Optional[str] = None, owned: bool = False) -> JobConfig:
+    """DictConfig -> validated JobConfig with `derived` filled. `owned`: the caller hands `cfg` over (a fresh
+    composition or merge, changed here) instead of it being copied first: the copy was a third of a kept
+    composition's CPU (6-10 of ~34 ms)."""
+    cfg = cfg if owned else cfg.copy()
     OmegaConf.set_struct(cfg, True)
     if "hydra" in cfg:
         with open_dict(cfg):
@@ -211,7 +213,7 @@ def warn_whole_run_warmup(job: JobConfig, source: str) -> None:
 
 
 def load_recipe(recipe: str, overrides: Iterable[str] = ()) -> JobConfig:
-    return finalize(compose_recipe(recipe, overrides), recipe)
+    return finalize(compose_recipe(recipe, overrides), recipe, owned=True)     # a fresh tree: no copy
 
 
 def to_yaml(job: JobConfig) -> str:
@@ -221,7 +223,7 @@ def to_yaml(job: JobConfig) -> str:
 def from_yaml(path: str) -> JobConfig:
     """Load a resolved config.yaml written into a run directory."""
     cfg = OmegaConf.merge(OmegaConf.structured(JobConfig), OmegaConf.load(path))
-    return finalize(cfg)
+    return finalize(cfg, owned=True)
 
 
 def _flat(node, prefix: str = "") -> dict:

@@ -53,7 +53,8 @@ def mapping(cfg: JobConfig) -> Exporter:
 
 
 def config_of(ck: Checkpoint) -> JobConfig:
-    return finalize(OmegaConf.merge(OmegaConf.structured(JobConfig), OmegaConf.create(ck.meta["config"])))
+    return finalize(OmegaConf.merge(OmegaConf.structured(JobConfig), OmegaConf.create(ck.meta["config"])),
+                    owned=True)
 
 
 def single_process(cfg: JobConfig) -> JobConfig:
@@ -70,7 +71,7 @@ def single_process(cfg: JobConfig) -> JobConfig:
     d.batch.global_batch_size, d.batch.ramp_start = d.batch.micro_batch_size, None
     d.stability.watchdog_minutes = 0
     d.derived = OmegaConf.structured(type(cfg.derived)())
-    return finalize(d)
+    return finalize(d, owned=True)
 
 
 def single_rank() -> None:
