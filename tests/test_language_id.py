@@ -86,3 +86,10 @@ def test_a_keep_code_the_model_does_not_know_is_refused_with_the_field_named():
     assert len(problems) == 2 and "min_score=1.5" in problems[0] and "max_chars=-1" in problems[1]
     cfg.names = ["gopher"]                           # not named: its settings are not checked
     assert filter_problems(cfg) == []
+
+
+def test_the_written_out_languages_are_the_models_labels():
+    """MODEL_LANGUAGES (what config checks read, the model left compressed) equals the bundled model's labels: an
+    upgrade of py3langid that changes them fails here."""
+    from preprocessing.quality.language import MODEL_LANGUAGES, identifier
+    assert MODEL_LANGUAGES == tuple(sorted(identifier().labels))

@@ -272,6 +272,8 @@ def excluded_on_a_rank(rank, port, out, built, cache):
     mine.update(again=excluded_items(job, tasks, decode, tok.eod), decoded_again=decode.calls - mine["decoded"])
 
 
+@pytest.mark.slow           # 2 spawned rank processes (tests/rank_pool.py) importing megatron-core
+@pytest.mark.beside_training
 def test_two_ranks_decode_the_train_split_once_between_them_and_agree(built, tmp_path):
     """The in-loop eval's check on 2 gloo ranks: each decodes its own half of the train documents (together each
     document exactly once, both tasks in one pass), both get the single process's answer, rank 0 records it; a

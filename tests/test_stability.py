@@ -393,6 +393,8 @@ def a_late_rank_inside_and_outside_relaxed(rank, port, out):
         dist.destroy_process_group(group)
 
 
+@pytest.mark.slow           # 2 spawned rank processes (tests/rank_pool.py) importing megatron-core
+@pytest.mark.beside_training
 def test_a_save_or_eval_section_outlasts_the_step_timeout_that_fails_outside_it():
     """2 gloo ranks: a collective that waits 2.5 s for a late peer survives inside `CollectiveTimeout.relaxed()`
     and raises after it, where the 0.5 s step timeout is back."""
