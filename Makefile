@@ -60,7 +60,11 @@ help:  ## list targets
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo ">> torch==2.13.0 first (the CPU wheel on this disk, else PyPI's), and uv, which installs the pinned rest"
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 uv==0.13.9
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile torch==2.13.0 uv==0.13.9
+	@# pip compiles a wheel's .py files one at a time (torch's and its requirements': ~16 s of the set-up's wall
+	@# time); they compile here on the core uv leaves idle while it installs the rest, waited for before the stamp
+	@$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/* \
+	    >$(VENV)/.compile-first.log 2>&1 & echo $$! >$(VENV)/.compile-first.pid
 	@echo ">> deepspeed (its sdist imports torch at build time: no build isolation; C++ ops are JIT-built on use)"
 	DS_BUILD_OPS=0 $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt \
 	    --no-build-isolation-package deepspeed deepspeed==0.19.8 \
@@ -83,6 +87,7 @@ $(STAMP): pyproject.toml constraints.txt
 	         exit 1; }; \
 	    $(PY) -m launch.doctor; \
 	fi
+	@while kill -0 "$$(cat $(VENV)/.compile-first.pid)" 2>/dev/null; do sleep 0.5; done; rm -f $(VENV)/.compile-first.pid
 	@touch $@
 
 setup: $(STAMP)  ## create .venv with pinned deps (idempotent)

@@ -13,6 +13,8 @@ import tarfile
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Tuple
 
+from common.files import exclusive
+
 from .fetch import CACHE, download
 
 BIGBENCH = "bigbench==1.0.0"
@@ -46,7 +48,13 @@ def ensure_bigbench_tasks(names: Iterable[str], cache: Path = BIGBENCH_TASKS,
         known = set(listing.read_text().split())
         _refuse([n for n in missing if n not in known])
     if missing:
-        extract_bigbench_tasks(missing, cache, registry)
+        cache.mkdir(parents=True, exist_ok=True)
+        # one reader of the archive at a time (each read is ~6 s of CPU gunzipping 358 MB): a test session's three
+        # pytest processes and the demo pipeline's decontaminate stage ask at once; the later ones find the files
+        with exclusive(cache / ".extract.lock"):
+            missing = [n for n in names if not bigbench_task_path(n, cache).is_file()]
+            if missing:
+                extract_bigbench_tasks(missing, cache, registry)
     return names
 
 
