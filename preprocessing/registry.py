@@ -93,13 +93,15 @@ def listed(source: Tuple[str, str], name: str, context: ssl.SSLContext) -> Itera
     """(file name, url or path, sha256 or None) of every file a source offers for `name`."""
     role, where = source
     folder = _local(where)
-    if role == "links" and folder is not None:          # a find-links folder: the archives themselves
+    if role == "links" and folder is not None and folder.is_dir():     # a find-links folder: the archives themselves
         yield from ((path.name, str(path), None) for path in sorted(folder.iterdir()) if path.is_file())
         return
-    page = f"{where.rstrip('/')}/{normalize(name)}/"
+    # a find-links URL is one flat page of archive links; an index has a page per project
+    page = where if role == "links" else f"{where.rstrip('/')}/{normalize(name)}/"
     try:
-        if folder is not None:                           # a file:// index: <project>/index.html, as pip reads it
-            body, kind = (folder / normalize(name) / "index.html").read_bytes(), "text/html"
+        if folder is not None:       # a local find-links page, or a file:// index's <project>/index.html (pip's way)
+            body = (folder if role == "links" else folder / normalize(name) / "index.html").read_bytes()
+            kind = "text/html"
         else:
             with _open(page, context, ACCEPT) as response:
                 body, kind = response.read(), response.headers.get("Content-Type", "")

@@ -69,6 +69,12 @@ def test_find_links_come_before_the_indexes(tmp_path):
     out.mkdir()
     assert fetch_archive("demo-pkg", "1.0", "sdist", out, settings).read_bytes() == b"from find-links"
     assert sources({"no-index": "true", "find-links": str(links)}) == [("links", str(links))]
+    page = tmp_path / "links.html"                   # a find-links page: archive links on one page, no project pages
+    page.write_text('<a href="links/demo_pkg-1.0.tar.gz">demo_pkg-1.0.tar.gz</a>')
+    out2 = tmp_path / "out2"
+    out2.mkdir()
+    got = fetch_archive("demo-pkg", "1.0", "sdist", out2, {"find-links": f"file://{page}", "no-index": "1"})
+    assert got.read_bytes() == b"from find-links"
 
 
 def test_pip_settings_take_the_environment_over_the_command_over_global(tmp_path, monkeypatch):
