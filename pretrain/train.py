@@ -20,6 +20,7 @@ from common.paths import RECIPES_DIR
 from .config.compose import check_cli_overrides, finalize, from_yaml, to_yaml
 from .config.schema import JobConfig
 from .dist import release_subgroups
+from .engines import cpu_compat_jit
 from .engines.registry import create_engine
 from .stability.exit_codes import DATA_CHANGED, REQUEUE_EXIT, RUN_DIR_BUSY, RUN_STOPPED, record_exit
 from .stability.lifetime import RunDirBusy, die_with_launcher, lock_run_dir
@@ -30,7 +31,9 @@ if TYPE_CHECKING:
     from .objectives.task import Task
 
 # torch, megatron-core and the runtime are imported when a run starts, not with this module: `--cfg job`, `--help`
-# and a refused override answer in a second instead of after ~8 s of imports.
+# and a refused override answer in a second instead of after ~8 s of imports. Without CUDA megatron-core's
+# jit_fuser then compiles at first call, not at import (engines/cpu_compat_jit.py: ~2 s of a CPU rank's start).
+cpu_compat_jit.install()
 
 
 def run(job: JobConfig, keep_process_group: bool = False) -> int:

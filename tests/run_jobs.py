@@ -17,10 +17,8 @@ import sys
 
 import torch.distributed as dist
 
-import pretrain.loop  # noqa: F401 - what pretrain.train imports when a run starts: before gc.freeze() below
-import pretrain.objectives.task  # noqa: F401
 from pretrain.config.compose import load_recipe
-from pretrain.train import run
+from pretrain.train import run  # before megatron-core is imported: it defers megatron-core's torch.compile
 
 
 @contextlib.contextmanager
@@ -44,6 +42,8 @@ def stdout_to(path):
 def main() -> int:
     jobs = json.loads(open(sys.argv[1]).read())
     rank = os.environ.get("RANK", "0")
+    import pretrain.loop  # noqa: F401 - what run() imports when a run starts: before gc.freeze() below
+    import pretrain.objectives.task  # noqa: F401
     gc.freeze()                 # the imports so far (torch, megatron-core): out of every collection's walk
     for job in jobs:
         with stdout_to(f"{job['log']}.rank{rank}.log" if job.get("log") else None):

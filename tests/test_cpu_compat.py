@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from pretrain.engines.cpu_compat import ADAPTATIONS
+from pretrain.engines.cpu_compat_jit import COMPILER
 from tests.conftest import PY, REPO
 
 ALL = "*all*"                 # PROBE_ALL's key of the process with every adaptation applied
@@ -18,7 +19,7 @@ PROBE_ALL = """
 import json, os, sys
 from pretrain.engines import cpu_compat as c
 import megatron.core.optimizer, megatron.core.models.gpt   # the expensive imports, once
-results = {}
+results = {sys.argv[1]: "LOADED" if sys.argv[1] in sys.modules else "NOT LOADED"}   # (no jit hook here)
 for a in [*c.ADAPTATIONS, None]:
     read, write = os.pipe()
     pid = os.fork()
@@ -52,7 +53,7 @@ print(json.dumps(results))
 
 @pytest.fixture(scope="module")
 def probe_results():
-    res = subprocess.run([PY, "-c", PROBE_ALL], cwd=REPO, capture_output=True, text=True, timeout=600)
+    res = subprocess.run([PY, "-c", PROBE_ALL, COMPILER], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -92,3 +93,42 @@ def test_fused_softmax_is_asked_for_only_where_apex_provides_it(monkeypatch):
                             lambda te_spec=False, present=present: dict(probed, masked_softmax_fusion=present))
         assert gpt.transformer_config(cfg, on_gpu=True).masked_softmax_fusion is present
     assert gpt.transformer_config(cfg, on_gpu=False).masked_softmax_fusion is False
+
+
+
+def test_megatron_core_alone_loads_inductors_compiler(probe_results):
+    """13, jit-fuser-import (pretrain/engines/cpu_compat_jit.py): PROBE_ALL's process imports megatron-core
+    without the entry points' hook, and its torch.compile decorators load Inductor's compiler (when they no longer
+    do, delete the adaptation)."""
+    assert probe_results[COMPILER] == "LOADED", (
+        "megatron-core no longer imports Inductor's compiler at import: "
+        "remove pretrain/engines/cpu_compat_jit.py and its install() calls")
+
+
+def test_after_the_hook_jit_fuser_compiles_at_first_call():
+    """This process installed the hook before importing megatron-core (tests/conftest.py, as the entry points
+    do): megatron-core's jit_fuser is deferred_compile, and its decorated functions keep the original."""
+    import megatron.core.jit
+    from megatron.core.fusions.fused_bias_gelu import bias_gelu
+
+    from pretrain.engines.cpu_compat_jit import deferred_compile
+    assert megatron.core.jit.jit_fuser is deferred_compile
+    assert bias_gelu._torchdynamo_orig_callable.__name__ == "bias_gelu" and bias_gelu.__name__ == "bias_gelu"
+
+def test_deferred_compile_compiles_once_at_first_call(monkeypatch):
+    import torch
+
+    from pretrain.engines.cpu_compat_jit import deferred_compile
+    compiled = []
+
+    def compile_(fn):
+        compiled.append(fn)
+        return lambda *args: fn(*args) + 1          # told apart from the original
+    monkeypatch.setattr(torch, "compile", compile_)
+
+    def double(x):
+        return 2 * x
+    fused = deferred_compile(double)
+    assert compiled == [] and fused._torchdynamo_orig_callable is double and fused.__name__ == "double"
+    assert (fused(3), fused(4)) == (7, 9)
+    assert compiled == [double]

@@ -35,6 +35,10 @@ when an upgrade made the adaptation unnecessary and it should be deleted.
    job, so an idle 2-process job woke ~5,000 times a second a process (25,000 voluntary context switches in
    5 s). Every group this process creates shares one device instead (torch's own options: `_devices`); with
    NCCL on GPUs torch's default stays.
+13. jit-fuser-import: also a cost, paid while megatron-core is imported, before `apply()` can run: its
+   `jit_fuser` is torch.compile, whose every use as a decorator imports Inductor's compiler (~1.5-2 s of CPU a
+   process). `cpu_compat_jit.py` defers each compile to the function's first call; the entry points install it
+   as an import hook (pretrain/train.py, pretrain/hf/convert.py), and its probe is in tests/test_cpu_compat.py.
 """
 from __future__ import annotations
 
