@@ -20,7 +20,7 @@ from common.paths import RECIPES_DIR
 from .config.compose import check_cli_overrides, finalize, from_yaml, to_yaml
 from .config.schema import JobConfig
 from .dist import release_subgroups
-from .engines import cpu_compat_jit
+from .engines import cpu_compat_jit, deferred_imports
 from .engines.registry import create_engine
 from .stability.exit_codes import DATA_CHANGED, REQUEUE_EXIT, RUN_DIR_BUSY, RUN_STOPPED, record_exit
 from .stability.lifetime import RunDirBusy, die_with_launcher, lock_run_dir
@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 
 # torch, megatron-core and the runtime are imported when a run starts, not with this module: `--cfg job`, `--help`
 # and a refused override answer in a second instead of after ~8 s of imports. Without CUDA megatron-core's
-# jit_fuser then compiles at first call, not at import (engines/cpu_compat_jit.py: ~2 s of a CPU rank's start).
+# jit_fuser then compiles at first call, not at import (engines/cpu_compat_jit.py: ~2 s of a CPU rank's start), and
+# the engines' optional wandb and mlflow run at first use (engines/deferred_imports.py: ~0.5-1.5 s of every rank's).
 cpu_compat_jit.install()
+deferred_imports.install()
 
 
 def run(job: JobConfig, keep_process_group: bool = False) -> int:

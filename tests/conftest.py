@@ -221,8 +221,9 @@ def pytest_sessionstart(session):
 
     if session.config.pluginmanager.getplugin("dsession") is not None:
         return      # a pytest-xdist controller: it runs no test (its workers import for themselves)
-    from pretrain.engines import cpu_compat_jit
+    from pretrain.engines import cpu_compat_jit, deferred_imports
     cpu_compat_jit.install()     # before megatron-core: its jit_fuser compiles at first call, not at import
+    deferred_imports.install()   # its (and DeepSpeed's) optional wandb and mlflow: at first use
     import megatron.core  # noqa: F401
     import scipy.optimize  # noqa: F401 - scipy brings its own OpenBLAS: loaded now, so that the limit reaches it
     import torch  # heavy; imported here so the limit is set before any test computes

@@ -70,8 +70,9 @@ def _worker(rank: int, conn) -> None:
     # (CI saw "line Current thread ..." where "line 43 in _sleep" was).
     stacks = tempfile.TemporaryFile("w")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    from pretrain.engines import cpu_compat_jit
+    from pretrain.engines import cpu_compat_jit, deferred_imports
     cpu_compat_jit.install()        # before a task imports megatron-core (pretrain/engines/cpu_compat_jit.py)
+    deferred_imports.install()      # wandb and mlflow at first use (pretrain/engines/deferred_imports.py)
     initial_seed = None
     conn.send(("ready", f"/proc/{os.getpid()}/fd/{stacks.fileno()}"))
     while True:

@@ -17,9 +17,11 @@ from tests.conftest import PY, REPO
 ALL = "*all*"                 # PROBE_ALL's key of the process with every adaptation applied
 PROBE_ALL = """
 import json, os, sys
-from pretrain.engines import cpu_compat as c
+from pretrain.engines import cpu_compat as c, deferred_imports
+deferred_imports.install()        # (not CPU-only: whether megatron-core still imports wandb, test_deferred_imports)
 import megatron.core.optimizer, megatron.core.models.gpt   # the expensive imports, once
-results = {sys.argv[1]: "LOADED" if sys.argv[1] in sys.modules else "NOT LOADED"}   # (no jit hook here)
+results = {sys.argv[1]: "LOADED" if sys.argv[1] in sys.modules else "NOT LOADED",    # (no jit hook here)
+           "wandb": "WAITING" if deferred_imports.waiting("wandb") else repr(sys.modules.get("wandb"))}
 for a in [*c.ADAPTATIONS, None]:
     read, write = os.pipe()
     pid = os.fork()
@@ -103,6 +105,12 @@ def test_megatron_core_alone_loads_inductors_compiler(probe_results):
     assert probe_results[COMPILER] == "LOADED", (
         "megatron-core no longer imports Inductor's compiler at import: "
         "remove pretrain/engines/cpu_compat_jit.py and its install() calls")
+
+
+def test_megatron_core_imports_wandb_which_waits_for_its_first_use(probe_results):
+    """PROBE_ALL's process installed pretrain/engines/deferred_imports.py before importing megatron-core: megatron-core
+    imported wandb (when it no longer does, drop "wandb" from DEFERRED) and wandb's code has not run."""
+    assert probe_results["wandb"] == "WAITING", probe_results["wandb"]
 
 
 def test_after_the_hook_jit_fuser_compiles_at_first_call():

@@ -5,7 +5,8 @@
   pretrain/objectives/); common.py - process group, RNG, weight-decay rule, which both engines share.
 * cpu_compat.py, cpu_compat_moe.py, cpu_compat_jit.py - megatron-core's CPU adaptations (both engines run its
   models), applied only when CUDA is absent (cpu_compat_jit.py as megatron-core is imported: the entry points
-  install it).
+  install it); deferred_imports.py - megatron-core's and DeepSpeed's optional wandb and mlflow run at first use
+  (the same entry points install it, with or without CUDA).
 * megatron/ - megatron-core (TP/PP/SP/CP/EP, distributed optimizer, FSDP2, dist checkpointing).
 * deepspeed/ - DeepSpeed ZeRO-1/2/3 with offload.
 """

@@ -38,7 +38,7 @@ from ..checkpoint.store import Checkpoint, CheckpointStore, resolve
 from ..config.compose import finalize, load_recipe
 from ..config.schema import JobConfig
 from ..data.tokenizer import run_tokenizer
-from ..engines import cpu_compat_jit
+from ..engines import cpu_compat_jit, deferred_imports
 from ..model.hf_mapping import State
 from ..peft.registry import PEFT_METHODS
 from .exporters import Exporter, for_directory, for_recipe
@@ -48,6 +48,7 @@ from .shards import DEFAULT_MAX_SHARD_SIZE, ShardWriter, tied_copies
 REFUSED_FIELDS = ("quantization_config",)       # HF config fields no import reproduces: refused by name
 
 cpu_compat_jit.install()      # before megatron-core is imported (engines/cpu_compat_jit.py)
+deferred_imports.install()    # megatron-core's and DeepSpeed's wandb, mlflow: at first use
 
 
 def mapping(cfg: JobConfig) -> Exporter:
