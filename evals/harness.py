@@ -22,9 +22,16 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from pretrain.data.tokenizer import run_tokenizer
-from pretrain.observability.contamination import clean_scores, excluded_items
+from pretrain.engines import cpu_compat_jit, deferred_imports
 
 from .tasks import DEFAULT_BIGBENCH, TASKS_DIR, heldout_task_name, write_bigbench, write_heldout
+
+# megatron-core is imported when an evaluation runs (the export, the contamination check), not with this module, and
+# as in pretrain/train.py: without CUDA its jit_fuser compiles at first call (engines/cpu_compat_jit.py) and its and
+# DeepSpeed's optional wandb and mlflow run at first use (engines/deferred_imports.py). This module with megatron-core
+# imported: 3.0-3.6 -> 1.7-2.5 s of CPU
+cpu_compat_jit.install()
+deferred_imports.install()
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -82,6 +89,8 @@ def clean_subset(cfg, hf_dir: Path, task: str, samples: List[dict], metrics: Dic
     """The task's metrics on the items that share no 13-gram with the run's training data, and how many were
     excluded (pretrain/observability/contamination.py); lm-eval's logged samples give each item's values."""
     from transformers import AutoTokenizer
+
+    from pretrain.observability.contamination import clean_scores, excluded_items
     samples = sorted(samples, key=lambda x: x["doc_id"])
     per_item = {m: [float(x[m]) for x in samples] for m in metrics
                 if "stderr" not in m and all(isinstance(x.get(m), (int, float)) for x in samples)}

@@ -3,15 +3,16 @@
 `megatron.core.jit` binds `jit_fuser = torch.compile` (torch >= 2.2), and ~15 of megatron-core's modules decorate
 their fused functions with it while `import megatron.core` runs. Each `torch.compile(fn)` imports Dynamo's and
 Inductor's compilers there and then: ~1.5-2 s of CPU in every process that imports megatron-core on 2 cores
-(a 12-step gpt-tiny rank: 11.0-12.1 -> 9.0-9.2 s of wall time, measured 2026-12-03), although on CPU none
-of those functions is called (pretrain/model/fusions.py turns the fusions off without Triton; the one that
-would be, MoE's expert-bias count, is unwrapped by cpu_compat_moe.py). Without CUDA, `jit_fuser` is
+(a 12-step gpt-tiny rank: 11.0-12.1 -> 9.0-9.2 s of wall time, measured 2026-12-03), although on CPU one
+of those functions is called, gpt-oss's `quick_gelu` gate (pretrain/model/fusions.py turns the fusions off
+without Triton; MoE's expert-bias count is unwrapped by cpu_compat_moe.py). Without CUDA, `jit_fuser` is
 `deferred_compile`: `torch.compile(fn)` at fn's first call, the same compiled function wherever one is called.
 With CUDA nothing changes.
 
 It has to act while megatron-core is imported, so it is an import hook on `megatron.core.jit` that the entry
-points install before that import: pretrain/train.py (every rank), pretrain/hf/convert.py (export, import) and the
-test processes (tests/conftest.py, tests/rank_pool.py). It imports no torch. A process that imports megatron-core
+points install before that import: pretrain/train.py (every rank), pretrain/hf/convert.py (export, import),
+evals/harness.py (eval, explain-step) and the test processes (tests/conftest.py, tests/rank_pool.py;
+tests/test_cpu_compat.py checks each entry point). It imports no torch. A process that imports megatron-core
 without it keeps megatron-core's own decorator. The probe (tests/test_cpu_compat.py) imports megatron-core alone
 and fails when that no longer loads Inductor's compiler.
 """

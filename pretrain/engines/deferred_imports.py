@@ -13,7 +13,7 @@ its real spec (name, file, `__path__`, loader), and its code runs at the first a
 first, as an eager import does). importlib.util.LazyLoader is not enough here: on
 Python 3.11 a second `import wandb` reads `__spec__`, which loads it, and megatron-core imports wandb from three
 modules. With or without CUDA: nothing but the time of the import changes. The entry points install it with
-cpu_compat_jit (pretrain/train.py, pretrain/hf/convert.py, the test processes).
+cpu_compat_jit (pretrain/train.py, pretrain/hf/convert.py, evals/harness.py, the test processes).
 """
 from __future__ import annotations
 
